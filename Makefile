@@ -1,0 +1,38 @@
+# The two commands of the README: `make run` (train the default model if needed, then serve it)
+# and `make test` (the whole test suite). Both create .venv and install the project on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export BENTOML_DO_NOT_TRACK := true
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test lint install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: $(STAMP)
+	$(BIN)/python -m service.run
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

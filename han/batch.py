@@ -1,0 +1,54 @@
+"""Turning encoded documents (sentences of word ids) into the model's flat batch tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+EncodedDocument = Sequence[Sequence[int]]  # sentences of word ids
+
+
+class Batch(NamedTuple):
+    words: Tensor  # [sentences, max_words] ids, 0-padded; documents one after another
+    sentence_lengths: Tensor  # [sentences]
+    document_lengths: Tensor  # [docs]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(t.to(device) for t in self))
+
+
+def collate(documents: Sequence[EncodedDocument]) -> Batch:
+    """Pack encoded documents into one Batch. Every document needs at least one non-empty sentence."""
+    sentences = [s for doc in documents for s in doc]
+    sentence_lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    if not len(sentences) or sentence_lengths.min() == 0:
+        raise ValueError("every document needs at least one sentence, and every sentence at least one word")
+    document_lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+    words = np.zeros((len(sentences), int(sentence_lengths.max())), dtype=np.int64)
+    words[np.arange(words.shape[1]) < sentence_lengths[:, None]] = [i for s in sentences for i in s]
+    return Batch(torch.from_numpy(words), torch.from_numpy(sentence_lengths), torch.from_numpy(document_lengths))
+
+
+def length_sorted_chunks(sizes: Sequence[int], max_docs: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Group indices into batches of documents of similar size (fewer padded steps).
+
+    Each batch has at most ``max_docs`` documents and, if given, roughly at most ``max_tokens``
+    tokens (a single document larger than that still gets a batch of its own).
+    """
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for i in order:
+        if current and (len(current) == max_docs or (max_tokens is not None and tokens + sizes[i] > max_tokens)):
+            chunks.append(current)
+            current, tokens = [], 0
+        current.append(i)
+        tokens += sizes[i]
+    if current:
+        chunks.append(current)
+    return chunks

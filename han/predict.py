@@ -1,0 +1,144 @@
+"""The one inference path: texts in, labels, scores and attention explanations out.
+
+The service, the batch scorer and evaluation all call ``Predictor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from han.batch import collate, length_sorted_chunks
+from han.saved_model import SavedModel
+from han.segment import Segment, Segmenter
+
+
+class InvalidDocumentError(ValueError):
+    """A document that cannot be classified; ``index`` is its position in the input."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"document {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+@dataclass
+class WordWeight:
+    text: str
+    start: int
+    end: int
+    weight: float
+
+
+@dataclass
+class SentenceWeight:
+    text: str
+    start: int
+    end: int
+    weight: float
+    words: list[WordWeight]
+
+
+@dataclass
+class Prediction:
+    label: str  # the top label
+    labels: list[str]  # every label over the threshold (multi-label), else [label]
+    scores: dict[str, float]  # every label's probability
+    truncated: bool  # the document was cut to the model's caps
+    sentences: list[SentenceWeight] | None = None  # the explanation, when asked for
+
+
+def document_problem(text: object) -> str | None:
+    """Why ``text`` cannot be a document (not a string, or no non-space character), else None."""
+    if not isinstance(text, str):
+        return f"must be a string, not {type(text).__name__}"
+    if not text.strip():
+        return "is empty or whitespace only"
+    return None
+
+
+class Predictor:
+    """Classifies and explains documents with a SavedModel, batching internally."""
+
+    def __init__(self, saved: SavedModel, batch_size: int = 64, max_batch_tokens: int = 16_384) -> None:
+        self.saved = saved
+        self.model = saved.model.eval()
+        self.labels = saved.labels
+        self.multi_label = saved.model.config.multi_label
+        self.segmenter = Segmenter(saved.segmenter)
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+
+    @classmethod
+    def from_directory(cls, path: str | Path, **kwargs: int) -> Predictor:
+        return cls(SavedModel.load(path), **kwargs)
+
+    def segment(self, texts: Iterable[str]) -> list[Segment]:
+        """Segment documents; raises InvalidDocumentError naming the first bad one."""
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            problem = document_problem(text)
+            if problem:
+                raise InvalidDocumentError(i, f"the document {problem}")
+        segments = list(self.segmenter.segment_many(texts))
+        for i, segment in enumerate(segments):
+            if segment.is_empty:
+                raise InvalidDocumentError(i, "the document has no words (only whitespace, markup or control characters)")
+        return segments
+
+    def predict(self, texts: Sequence[str], explain: bool = True) -> list[Prediction]:
+        """Classify documents, in input order; raises InvalidDocumentError for a bad one."""
+        return self.predict_segments(self.segment(texts), explain=explain)
+
+    @torch.inference_mode()
+    def predict_segments(self, segments: Sequence[Segment], explain: bool = True) -> list[Prediction]:
+        """Classify already-segmented, non-empty documents, in input order."""
+        encode = self.saved.vocab.encode
+        encoded = [[encode(keys) for keys in s.token_keys] for s in segments]
+        sizes = [sum(len(sent) for sent in doc) for doc in encoded]
+        results: list[Prediction | None] = [None] * len(segments)
+        for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
+            out = self.model(*collate([encoded[i] for i in chunk]))
+            probs = self.model.probabilities(out.logits).tolist()
+            for row, i in enumerate(chunk):
+                results[i] = self._prediction(
+                    segments[i],
+                    probs[row],
+                    out.sentence_weights[row] if explain else None,
+                    out.word_weights[row] if explain else None,
+                )
+        return results  # type: ignore[return-value]
+
+    def _prediction(
+        self,
+        segment: Segment,
+        probs: list[float],
+        sentence_weights: torch.Tensor | None,
+        word_weights: torch.Tensor | None,
+    ) -> Prediction:
+        scores = dict(zip(self.labels, probs, strict=True))
+        top = max(range(len(probs)), key=probs.__getitem__)
+        if self.multi_label:
+            chosen = [label for label, p in scores.items() if p >= self.saved.threshold]
+        else:
+            chosen = [self.labels[top]]
+        prediction = Prediction(self.labels[top], chosen, scores, segment.truncated)
+        if sentence_weights is not None and word_weights is not None:
+            n = len(segment.sentence_spans)
+            sw = sentence_weights[:n].tolist()
+            ww = word_weights[:n].tolist()
+            text = segment.text
+            prediction.sentences = [
+                SentenceWeight(
+                    text[start:end],
+                    start,
+                    end,
+                    sw[s],
+                    [WordWeight(text[a:b], a, b, ww[s][w]) for w, (a, b) in enumerate(segment.token_spans[s])],
+                )
+                for s, (start, end) in enumerate(segment.sentence_spans)
+            ]
+        return prediction

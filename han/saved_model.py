@@ -1,0 +1,111 @@
+"""A model directory: ``config.json``, ``vocab.json``, ``labels.json``, ``model.safetensors``.
+
+Plain tensors and JSON only; nothing is pickled, so loading a model runs no code from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from han.model import HAN, HANConfig
+from han.segment import SegmenterConfig
+from han.vocab import Vocabulary
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.json"
+LABELS_FILE = "labels.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT_VERSION = 1
+
+
+class ModelDirectoryError(ValueError):
+    """A model directory that is missing a file or has a file that cannot be read."""
+
+
+@dataclass
+class SavedModel:
+    """A loaded (or about to be saved) model with everything the predictor needs."""
+
+    model: HAN
+    vocab: Vocabulary
+    labels: list[str]
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    threshold: float = 0.5  # multi-label decision threshold
+    metadata: dict[str, Any] = field(default_factory=dict)  # free-form: dataset, metrics, dates
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the model directory (created if needed) and return its path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {
+            "format_version": FORMAT_VERSION,
+            "model": self.model.config.to_dict(),
+            "segmenter": self.segmenter.to_dict(),
+            "threshold": self.threshold,
+            "metadata": self.metadata,
+        }
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+        self.vocab.save(directory / VOCAB_FILE)
+        (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> SavedModel:
+        """Load a model directory; a missing or corrupt file raises ModelDirectoryError naming it."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ModelDirectoryError(f"{directory}: not a model directory (it does not exist or is not a folder)")
+        config = _read_json(directory / CONFIG_FILE)
+        labels = _read_json(directory / LABELS_FILE)
+        try:
+            model_config = HANConfig.from_dict(config["model"])
+            segmenter = SegmenterConfig(**config.get("segmenter", {}))
+            threshold = float(config.get("threshold", 0.5))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelDirectoryError(f"{directory / CONFIG_FILE}: invalid model config ({e})") from e
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise ModelDirectoryError(f"{directory / LABELS_FILE}: expected a non-empty JSON list of label names")
+        if len(labels) != model_config.num_labels:
+            raise ModelDirectoryError(
+                f"{directory / LABELS_FILE}: {len(labels)} labels but the model has {model_config.num_labels} outputs"
+            )
+        vocab_path = directory / VOCAB_FILE
+        _require(vocab_path)
+        try:
+            vocab = Vocabulary.load(vocab_path)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ModelDirectoryError(f"{vocab_path}: unreadable vocabulary ({e})") from e
+        if len(vocab) != model_config.vocab_size:
+            raise ModelDirectoryError(
+                f"{vocab_path}: {len(vocab)} tokens but the model expects {model_config.vocab_size}"
+            )
+        weights_path = directory / WEIGHTS_FILE
+        _require(weights_path)
+        model = HAN(model_config)
+        try:
+            model.load_state_dict(load_file(str(weights_path)))
+        except (SafetensorError, RuntimeError, OSError) as e:
+            raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
+        model.eval()
+        return cls(model, vocab, labels, segmenter, threshold, config.get("metadata", {}))
+
+
+def _require(path: Path) -> None:
+    if not path.is_file():
+        raise ModelDirectoryError(f"{path}: missing from the model directory")
+
+
+def _read_json(path: Path) -> Any:
+    _require(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelDirectoryError(f"{path}: not valid JSON ({e})") from e

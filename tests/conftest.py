@@ -1,0 +1,34 @@
+"""Shared fixtures. Tests run offline: no model or data set is ever downloaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATASETS = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shared" / "datasets"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small single-label (neg/pos) model trained on the fixture reviews, saved as a model directory."""
+    from tests.tiny_model import train_tiny_model
+
+    saved, _ = train_tiny_model()
+    return saved.save(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    """The real corpora beside the repo; skipped when absent, but a hard failure under CI=true."""
+    if not (SHARED_DATASETS / "imdb" / "train.parquet").is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but the shared datasets are missing at {SHARED_DATASETS}")
+        pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
+    return SHARED_DATASETS
