@@ -86,7 +86,7 @@ class Predictor:
         segments = list(self.segmenter.segment_many(texts))
         for i, segment in enumerate(segments):
             if segment.is_empty:
-                raise InvalidDocumentError(i, "the document has no words (only whitespace, markup or control characters)")
+                raise InvalidDocumentError(i, "the document has no words (only whitespace or markup)")
         return segments
 
     def predict(self, texts: Sequence[str], explain: bool = True) -> list[Prediction]:
