@@ -108,15 +108,15 @@ class Segmenter:
         cleaned = doc.text
         sentences: list[list[tuple[int, int]]] = []
         current: list[tuple[int, int]] = []
-        line_break = False
+        boundary = False  # a sentence start or a line break seen on a whitespace token
         for idx, length, is_space, sent_start in doc.to_array([IDX, LENGTH, IS_SPACE, SENT_START]).tolist():
             if is_space:
-                line_break = line_break or "\n" in cleaned[idx : idx + length]
+                boundary = boundary or sent_start == 1 or "\n" in cleaned[idx : idx + length]
                 continue
-            if current and (sent_start == 1 or line_break):
+            if current and (sent_start == 1 or boundary):
                 sentences.append(current)
                 current = []
-            line_break = False
+            boundary = False
             current.append((idx, idx + length))
         if current:
             sentences.append(current)

@@ -1,0 +1,64 @@
+"""The network: attention weights are proper distributions, padding changes nothing, it can learn."""
+
+from __future__ import annotations
+
+import torch
+
+from han import HAN, HANConfig, collate
+from tests.tiny_model import train_tiny_model
+
+
+def make_model(seed: int = 0, multi_label: bool = False) -> HAN:
+    torch.manual_seed(seed)
+    config = HANConfig(vocab_size=50, num_labels=3, multi_label=multi_label, embed_dim=8,
+                       word_hidden=6, sentence_hidden=5, attention_dim=7)
+    return HAN(config).eval()
+
+
+def random_document(generator: torch.Generator, sentences: int, max_words: int) -> list[list[int]]:
+    lengths = torch.randint(1, max_words + 1, (sentences,), generator=generator).tolist()
+    return [torch.randint(2, 50, (n,), generator=generator).tolist() for n in lengths]
+
+
+def test_weights_sum_to_one_over_real_tokens_and_are_zero_on_padding() -> None:
+    g = torch.Generator().manual_seed(1)
+    docs = [random_document(g, s, 9) for s in (1, 4, 7)]
+    out = make_model()(*collate(docs))
+    assert out.logits.shape == (3, 3)
+    assert out.sentence_weights.shape == (3, 7) and out.word_weights.shape[:2] == (3, 7)
+    for d, doc in enumerate(docs):
+        assert torch.allclose(out.sentence_weights[d, : len(doc)].sum(), torch.tensor(1.0), atol=1e-6)
+        assert torch.all(out.sentence_weights[d, len(doc):] == 0)
+        for s, sentence in enumerate(doc):
+            assert torch.allclose(out.word_weights[d, s, : len(sentence)].sum(), torch.tensor(1.0), atol=1e-6)
+            assert torch.all(out.word_weights[d, s, len(sentence):] == 0)
+        assert torch.all(out.word_weights[d, len(doc):] == 0)
+
+
+def test_a_document_scores_the_same_alone_and_in_a_batch_of_longer_documents() -> None:
+    g = torch.Generator().manual_seed(2)
+    model = make_model()
+    short = random_document(g, 2, 3)
+    long_docs = [random_document(g, 30, 40) for _ in range(5)]
+    alone = model(*collate([short]))
+    batched = model(*collate([long_docs[0], short, *long_docs[1:]]))
+    torch.testing.assert_close(batched.logits[1], alone.logits[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(batched.sentence_weights[1, :2], alone.sentence_weights[0], atol=1e-5, rtol=0)
+    width = alone.word_weights.shape[2]
+    torch.testing.assert_close(batched.word_weights[1, :2, :width], alone.word_weights[0], atol=1e-5, rtol=0)
+    assert torch.all(batched.word_weights[1, :, width:] == 0)
+
+
+def test_probabilities_are_softmax_or_sigmoid_by_task() -> None:
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    assert torch.allclose(make_model().probabilities(logits).sum(), torch.tensor(1.0))
+    multi = make_model(multi_label=True).probabilities(logits)
+    assert torch.allclose(multi, torch.sigmoid(logits))
+
+
+def test_the_model_learns_the_fixture_to_near_zero_loss() -> None:
+    _, losses = train_tiny_model(steps=60)
+    assert losses[0] > 0.5
+    assert losses[-1] < 0.01
+    _, losses = train_tiny_model(steps=80, multi_label=True)
+    assert losses[-1] < 0.02

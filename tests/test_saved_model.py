@@ -1,0 +1,72 @@
+"""Model directories: save/load round trip; every missing or corrupt file is named in the error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from han import ModelDirectoryError, Predictor, SavedModel
+
+TEXTS = ["A wonderful film, superb acting.", "Boring. The plot made no sense at all!"]
+
+
+def test_save_then_load_gives_identical_outputs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    loaded = SavedModel.load(tiny_model_dir)
+    again = SavedModel.load(loaded.save(tmp_path / "copy"))
+    a, b = Predictor(loaded).predict(TEXTS), Predictor(again).predict(TEXTS)
+    assert [p.scores for p in a] == [p.scores for p in b]
+    assert [s.weight for s in a[1].sentences] == [s.weight for s in b[1].sentences]
+    assert sorted(p.name for p in tiny_model_dir.iterdir()) == [
+        "config.json", "labels.json", "model.safetensors", "vocab.json",
+    ]
+    state = loaded.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in again.model.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json", "labels.json", "model.safetensors"])
+def test_a_missing_file_is_named(tiny_model_dir: Path, tmp_path: Path, name: str) -> None:
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    (broken / name).unlink()
+    with pytest.raises(ModelDirectoryError, match=rf"{name}: missing"):
+        SavedModel.load(broken)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("config.json", "{not json", "not valid JSON"),
+        ("config.json", '{"model": {"vocab_size": 3}}', "invalid model config"),
+        ("vocab.json", '{"tokens": 1}', "unreadable vocabulary"),
+        ("labels.json", '["only-one"]', "1 labels but the model has 2"),
+        ("model.safetensors", "garbage bytes", "unreadable or mismatched weights"),
+    ],
+)
+def test_a_corrupt_file_is_named(tiny_model_dir: Path, tmp_path: Path, name: str, content: str, message: str) -> None:
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    (broken / name).write_text(content)
+    with pytest.raises(ModelDirectoryError, match=rf"{name}: {message}"):
+        SavedModel.load(broken)
+
+
+def test_truncated_weights_are_reported(tiny_model_dir: Path, tmp_path: Path) -> None:
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ModelDirectoryError, match=r"model\.safetensors: unreadable"):
+        SavedModel.load(broken)
+
+
+def test_no_pickle_in_a_model_directory(tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["model"]["num_labels"] == 2
+    for path in tiny_model_dir.iterdir():
+        assert not path.read_bytes().startswith(b"\x80"), f"{path.name} looks like a pickle"
+
+
+def test_a_path_that_is_not_a_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirectoryError, match="nowhere: not a model directory"):
+        SavedModel.load(tmp_path / "nowhere")

@@ -1,0 +1,104 @@
+"""Segmentation: offsets point back into the original text; junk, caps and edge cases are handled."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from han.segment import EmptyDocumentError, Segmenter, SegmenterConfig, clean_text, token_key
+
+SEG = Segmenter()
+
+
+def assert_spans_exact(segment) -> None:
+    text = segment.text
+    for (s_start, s_end), spans, keys in zip(
+        segment.sentence_spans, segment.token_spans, segment.token_keys, strict=True
+    ):
+        assert spans[0][0] == s_start and spans[-1][1] == s_end
+        for (a, b), key in zip(spans, keys, strict=True):
+            assert 0 <= a < b <= len(text)
+            assert text[a:b].strip() == text[a:b], "a token span must not include whitespace"
+            assert token_key(text[a:b]) == key
+
+
+def test_sentences_and_tokens_carry_offsets_into_the_original_text() -> None:
+    text = "The plot is thin. But the acting?  Superb!\nA must-see."
+    seg = SEG.segment(text)
+    assert [text[a:b] for a, b in seg.sentence_spans] == [
+        "The plot is thin.", "But the acting?", "Superb!", "A must-see.",
+    ]
+    assert [text[a:b] for a, b in seg.token_spans[1]] == ["But", "the", "acting", "?"]
+    assert not seg.truncated
+    assert_spans_exact(seg)
+
+
+def test_html_breaks_split_sentences_and_never_become_tokens() -> None:
+    text = "First paragraph without a stop<br /><br />Second one<BR>third"
+    seg = SEG.segment(text)
+    assert [text[a:b] for a, b in seg.sentence_spans] == ["First paragraph without a stop", "Second one", "third"]
+    assert all("<" not in k and ">" not in k for sent in seg.token_keys for k in sent)
+
+
+def test_clean_text_keeps_length_and_removes_control_characters() -> None:
+    text = "a\x00b\u200bc<br />d\ufeff"
+    cleaned = clean_text(text)
+    assert len(cleaned) == len(text)
+    assert "\x00" not in cleaned and "\u200b" not in cleaned and "<br" not in cleaned
+
+
+def test_keys_are_lowercased_and_nfc_normalised_while_spans_keep_the_original() -> None:
+    decomposed = "Cafe\u0301 GREAT"  # e + combining acute accent
+    seg = SEG.segment(decomposed)
+    assert seg.token_keys[0] == ["café", "great"]
+    a, b = seg.token_spans[0][0]
+    assert decomposed[a:b] == "Cafe\u0301"
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t  ", "<br /><br />", "\x00\x01"])
+def test_empty_documents_raise_a_clear_error(text: str) -> None:
+    with pytest.raises(EmptyDocumentError, match="no words"):
+        SEG.segment(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["!!!", "word", "😀😀 🎉", "Это отличный фильм. Очень понравился!", "映画は素晴らしかった。また見たい。"]
+)
+def test_unusual_documents_segment_with_exact_spans(text: str) -> None:
+    seg = SEG.segment(text)
+    assert seg.sentence_spans
+    assert_spans_exact(seg)
+
+
+def test_long_sentences_are_split_not_dropped_and_long_documents_truncated() -> None:
+    seg = Segmenter(SegmenterConfig(max_sentences=3, max_words=4)).segment("one two three four five six seven")
+    assert [len(s) for s in seg.token_spans] == [4, 3]
+    assert not seg.truncated
+    seg = Segmenter(SegmenterConfig(max_sentences=3, max_words=4)).segment("Aa bb. Cc dd. Ee ff. Gg hh. Ii jj.")
+    assert len(seg.sentence_spans) == 3 and seg.truncated
+
+
+def test_documents_over_the_character_cap_are_cut_and_flagged() -> None:
+    text = "Good film. " * 20_000  # 220,000 characters
+    seg = Segmenter(SegmenterConfig(max_chars=1_000)).segment(text)
+    assert seg.truncated and seg.sentence_spans[-1][1] <= 1_000
+    assert seg.text == text  # the original is kept, so spans stay valid against what the user sent
+
+
+def test_segment_many_keeps_order_and_marks_empty_documents() -> None:
+    texts = ["One.", "", "Two words.", "  "]
+    segments = list(SEG.segment_many(texts))
+    assert [s.text for s in segments] == texts
+    assert [s.is_empty for s in segments] == [False, True, False, True]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=300) | st.text(max_size=300))
+def test_any_text_gives_exact_spans_or_a_clear_empty_error(text: str) -> None:
+    try:
+        seg = SEG.segment(text)
+    except EmptyDocumentError:
+        assert not clean_text(text).strip(), "only blank documents may be reported empty"
+        return
+    assert_spans_exact(seg)
