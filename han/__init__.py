@@ -3,7 +3,7 @@
 Plain PyTorch and spaCy; no training framework or serving code lives here.
 """
 
-from han.batch import Batch, collate
+from han.batch import Batch, collate, collate_flat
 from han.model import HAN, HANConfig, HANOutput
 from han.predict import InvalidDocumentError, Prediction, Predictor, SentenceWeight, WordWeight
 from han.saved_model import ModelDirectoryError, SavedModel
@@ -28,4 +28,5 @@ __all__ = [
     "Vocabulary",
     "WordWeight",
     "collate",
+    "collate_flat",
 ]

@@ -23,13 +23,25 @@ class Batch(NamedTuple):
 
 def collate(documents: Sequence[EncodedDocument]) -> Batch:
     """Pack encoded documents into one Batch. Every document needs at least one non-empty sentence."""
-    sentences = [s for doc in documents for s in doc]
-    sentence_lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-    if not len(sentences) or sentence_lengths.min() == 0:
+    flat = [
+        (np.fromiter((i for s in doc for i in s), dtype=np.int64), np.fromiter(map(len, doc), dtype=np.int64))
+        for doc in documents
+    ]
+    return collate_flat(flat)
+
+
+def collate_flat(documents: Sequence[tuple[np.ndarray, np.ndarray]]) -> Batch:
+    """Like ``collate``, for documents stored flat: (all word ids, number of words in each sentence)."""
+    if not documents:
+        raise ValueError("cannot collate an empty list of documents")
+    sentence_lengths = np.concatenate([lengths for _, lengths in documents]).astype(np.int64, copy=False)
+    if not len(sentence_lengths) or sentence_lengths.min() == 0:
         raise ValueError("every document needs at least one sentence, and every sentence at least one word")
-    document_lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
-    words = np.zeros((len(sentences), int(sentence_lengths.max())), dtype=np.int64)
-    words[np.arange(words.shape[1]) < sentence_lengths[:, None]] = [i for s in sentences for i in s]
+    document_lengths = np.fromiter((len(lengths) for _, lengths in documents), dtype=np.int64, count=len(documents))
+    if document_lengths.min() == 0:
+        raise ValueError("every document needs at least one sentence")
+    words = np.zeros((len(sentence_lengths), int(sentence_lengths.max())), dtype=np.int64)
+    words[np.arange(words.shape[1]) < sentence_lengths[:, None]] = np.concatenate([ids for ids, _ in documents])
     return Batch(torch.from_numpy(words), torch.from_numpy(sentence_lengths), torch.from_numpy(document_lengths))
 
 

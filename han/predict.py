@@ -5,13 +5,15 @@ The service, the batch scorer and evaluation all call ``Predictor``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from han.batch import collate, length_sorted_chunks
+from han.batch import collate_flat, length_sorted_chunks
+from han.model import HANOutput
 from han.saved_model import SavedModel
 from han.segment import Segment, Segmenter
 
@@ -93,15 +95,37 @@ class Predictor:
         """Classify documents, in input order; raises InvalidDocumentError for a bad one."""
         return self.predict_segments(self.segment(texts), explain=explain)
 
+    def encode(self, segment: Segment) -> tuple[np.ndarray, np.ndarray]:
+        """A segment as the model's flat input: (all word ids, words per sentence)."""
+        encode = self.saved.vocab.encode
+        ids = np.fromiter((i for keys in segment.token_keys for i in encode(keys)), dtype=np.int64)
+        return ids, np.fromiter(map(len, segment.token_keys), dtype=np.int64)
+
     @torch.inference_mode()
+    def forward_chunks(self, encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[list[int], HANOutput]]:
+        """Run the model over encoded documents in length-sorted batches: yields (indices, output)."""
+        sizes = [len(ids) for ids, _ in encoded]
+        for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
+            yield chunk, self.model(*collate_flat([encoded[i] for i in chunk]))
+
+    def probabilities(self, encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Label probabilities [documents, labels] for encoded documents, in input order."""
+        probs = np.zeros((len(encoded), len(self.labels)), dtype=np.float32)
+        for chunk, out in self.forward_chunks(encoded):
+            probs[chunk] = self.model.probabilities(out.logits).numpy()
+        return probs
+
+    def decide(self, probs: Sequence[float]) -> tuple[str, list[str]]:
+        """The top label, and the chosen labels (over the threshold if multi-label, else the top one)."""
+        top = self.labels[max(range(len(probs)), key=probs.__getitem__)]
+        if self.multi_label:
+            return top, [label for label, p in zip(self.labels, probs, strict=True) if p >= self.saved.threshold]
+        return top, [top]
+
     def predict_segments(self, segments: Sequence[Segment], explain: bool = True) -> list[Prediction]:
         """Classify already-segmented, non-empty documents, in input order."""
-        encode = self.saved.vocab.encode
-        encoded = [[encode(keys) for keys in s.token_keys] for s in segments]
-        sizes = [sum(len(sent) for sent in doc) for doc in encoded]
         results: list[Prediction | None] = [None] * len(segments)
-        for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
-            out = self.model(*collate([encoded[i] for i in chunk]))
+        for chunk, out in self.forward_chunks([self.encode(s) for s in segments]):
             probs = self.model.probabilities(out.logits).tolist()
             for row, i in enumerate(chunk):
                 results[i] = self._prediction(
@@ -119,13 +143,8 @@ class Predictor:
         sentence_weights: torch.Tensor | None,
         word_weights: torch.Tensor | None,
     ) -> Prediction:
-        scores = dict(zip(self.labels, probs, strict=True))
-        top = max(range(len(probs)), key=probs.__getitem__)
-        if self.multi_label:
-            chosen = [label for label, p in scores.items() if p >= self.saved.threshold]
-        else:
-            chosen = [self.labels[top]]
-        prediction = Prediction(self.labels[top], chosen, scores, segment.truncated)
+        label, labels = self.decide(probs)
+        prediction = Prediction(label, labels, dict(zip(self.labels, probs, strict=True)), segment.truncated)
         if sentence_weights is not None and word_weights is not None:
             n = len(segment.sentence_spans)
             sw = sentence_weights[:n].tolist()

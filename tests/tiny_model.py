@@ -33,7 +33,7 @@ def train_tiny_model(steps: int = 60, multi_label: bool = False, seed: int = 0) 
         loss_fn = torch.nn.CrossEntropyLoss()
     config = HANConfig(
         vocab_size=len(vocab), num_labels=len(labels), multi_label=multi_label,
-        embed_dim=16, word_hidden=12, sentence_hidden=12, attention_dim=16, dropout=0.0, embed_dropout=0.0,
+        embed_dim=16, word_hidden=12, sentence_hidden=12, attention_dim=16, dropout=0.0, word_dropout=0.0,
     )
     model = HAN(config)
     batch = collate([[vocab.encode(k) for k in s.token_keys] for s in segments])

@@ -1,0 +1,165 @@
+"""han-train: real Lightning runs on the fixture data in every input format, resume after kill -9, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pytest
+
+from han import Predictor, SavedModel
+from service import model_store
+from tests.conftest import REPO
+from training.cli import main
+
+SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
+REVIEWS = REPO / "data" / "fixtures" / "reviews.jsonl"
+TOPICS = REPO / "data" / "fixtures" / "topics.jsonl"
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def fit(tmp_path: Path, *overrides: str, data: Path | None = None) -> Path:
+    """Run `han-train fit` in-process on the smoke config (train = validation = test = ``data``
+    when given); returns the run's root directory."""
+    root = tmp_path / "run"
+    sources = [f"--data.{split}={data}" for split in ("train", "validation", "test")] if data else []
+    main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+          "--data.cache_dir", str(tmp_path / "cache"), *sources, *overrides])
+    return root
+
+
+def write_format(tmp_path: Path, fmt: str) -> Path:
+    data = rows(REVIEWS)
+    if fmt == "folder":
+        for r in data:
+            folder = tmp_path / "reviews" / r["label"]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{r['id']}.txt").write_text(r["text"])
+        return tmp_path / "reviews"
+    ds = datasets.Dataset.from_list(data)
+    path = tmp_path / f"reviews.{fmt}"
+    {"csv": ds.to_csv, "parquet": ds.to_parquet, "jsonl": ds.to_json}[fmt](str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl", "folder"])
+def test_fit_reads_every_input_format_and_exports_a_loadable_model(tmp_path: Path, fmt: str) -> None:
+    root = fit(tmp_path, data=write_format(tmp_path, fmt))
+    saved = SavedModel.load(root / "model")
+    assert saved.labels == ["neg", "pos"]
+    metrics = saved.metadata["metrics"]
+    assert set(metrics["test"]) == {"accuracy", "macro_f1"}
+    assert metrics["test"]["accuracy"] >= 0.9, "the smoke run should fit its own training data"
+    report = json.loads((root / "report" / "test" / "metrics.json").read_text())
+    assert report["documents"] == 32 and len(report["confusion_matrix"]) == 2
+    assert (root / "report" / "test" / "confusion_matrix.png").stat().st_size > 1000
+    assert list((root / "csv").rglob("metrics.csv")), "CSV metrics are logged"
+    assert list((root / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events are logged"
+    (pred,) = Predictor(saved).predict(["A wonderful film. Superb acting, I loved it."])
+    assert pred.label == "pos"
+
+
+def test_fit_registers_the_model_in_the_bentoml_store_with_its_metrics(tmp_path: Path) -> None:
+    fit(tmp_path, "--export.register", "true", "--export.name", "han-smoke-test")
+    saved = model_store.load("han-smoke-test:latest")
+    assert saved.labels == ["neg", "pos"]
+    assert "test" in saved.metadata["metrics"] and saved.metadata["trained_at"]
+    import bentoml
+
+    info = bentoml.models.get("han-smoke-test:latest").info
+    assert info.labels["task"] == "single-label"
+    assert info.metadata["metrics"]["test"]["accuracy"] == saved.metadata["metrics"]["test"]["accuracy"]
+
+
+def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
+    root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
+    saved = SavedModel.load(root / "model")
+    assert saved.labels == ["crude", "grain", "interest"] and saved.model.config.multi_label
+    assert set(saved.metadata["metrics"]["test"]) == {"micro_f1", "macro_f1", "exact_match"}
+    report = json.loads((root / "report" / "test" / "metrics.json").read_text())
+    assert set(report["per_label_f1"]) == {"crude", "grain", "interest"}
+
+
+def test_integer_labels_are_read_as_class_names(tmp_path: Path) -> None:
+    data = [{"text": r["text"], "label": int(r["label"] == "pos")} for r in rows(REVIEWS)]
+    path = tmp_path / "ints.parquet"
+    datasets.Dataset.from_list(data).to_parquet(str(path))
+    root = fit(tmp_path, data=path)
+    assert SavedModel.load(root / "model").labels == ["0", "1"]
+
+
+def test_second_run_reuses_the_tokenisation_cache(tmp_path: Path) -> None:
+    fit(tmp_path, "--trainer.max_epochs", "1")
+    cached = sorted((tmp_path / "cache").glob("*.arrow"))
+    assert len(cached) == 3  # train, validation and test
+    stamps = [p.stat().st_mtime_ns for p in cached]
+    fit(tmp_path, "--trainer.max_epochs", "1")
+    assert sorted((tmp_path / "cache").glob("*.arrow")) == cached
+    assert [p.stat().st_mtime_ns for p in cached] == stamps, "a cached split must not be tokenised again"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--data.train", "no/such/file.csv"], "no/such/file.csv: file not found"),
+        (["--data.text_column", "body"], "no column 'body'; its columns are"),
+        (["--data.val_fraction", "1.5"], "val_fraction must be between 0 and 1"),
+        (["--model.lr", "-1"], "model.lr must be positive"),
+        (["--model.optimizer", "adam2"], "optimizer"),
+    ],
+)
+def test_bad_settings_fail_with_a_message_naming_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        fit(tmp_path, *overrides)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_a_label_column_with_one_class_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "one.jsonl"
+    path.write_text("".join(json.dumps({"text": r["text"], "label": "pos"}) + "\n" for r in rows(REVIEWS)))
+    with pytest.raises(SystemExit):
+        fit(tmp_path, data=path)
+    assert "has only one class ('pos')" in capsys.readouterr().err
+
+
+def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    args = [sys.executable, "-m", "training.cli", "fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_epochs", "400",
+            "--trainer.enable_progress_bar", "false"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    last = root / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 120
+    while not last.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # let it get a few more epochs in, then kill it mid-run
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert last.exists() and not (root / "model").exists()
+    import torch
+
+    killed_at = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
+    assert killed_at < 399
+    done = subprocess.run([*args[:-4], "--trainer.max_epochs", str(killed_at + 3), "--ckpt_path", "last",
+                           "--trainer.enable_progress_bar", "false"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Restoring states from the checkpoint path at {last}" in done.stderr + done.stdout
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == killed_at + 2
+    assert SavedModel.load(root / "model").labels == ["neg", "pos"]

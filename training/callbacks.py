@@ -1,0 +1,116 @@
+"""Callbacks: throughput measurement, and export of the best model (model directory, report, BentoML store)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+
+from han.predict import Predictor
+from han.saved_model import SavedModel
+from training.report import evaluate, headline, write_report
+
+
+class Throughput(pl.Callback):
+    """Logs training documents/s, words/s and seconds per epoch."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+        self._docs = 0
+        self._words = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        inputs, _ = batch
+        self._docs += int(inputs.document_lengths.shape[0])
+        self._words += int(inputs.sentence_lengths.sum())
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        seconds = time.perf_counter() - self._start
+        figures = {"epoch_seconds": seconds, "docs_per_s": self._docs / seconds, "words_per_s": self._words / seconds}
+        pl_module.log_dict({f"train/{k}": v for k, v in figures.items()}, rank_zero_only=True)
+        rank_zero_info(
+            f"epoch {trainer.current_epoch}: {seconds:.1f} s, {figures['docs_per_s']:.0f} docs/s, "
+            f"{figures['words_per_s']:.0f} words/s"
+        )
+
+
+class ExportModel(pl.Callback):
+    """At the end of ``fit``: the best checkpoint becomes a model directory, is evaluated, and registered.
+
+    Args:
+        name: the BentoML model name; by default ``han-<config file name>``.
+        register: register the model in the BentoML model store.
+        output_dir: where the model directory and report go; by default ``<default_root_dir>``.
+    """
+
+    def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None) -> None:
+        self.name = name
+        self.register = register
+        self.output_dir = output_dir
+        self.tag: str | None = None
+
+    def _root(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.interrupted:
+            return
+        saved = self._saved_model(trainer, pl_module, best=True)
+        data = trainer.datamodule
+        metrics: dict[str, Any] = {}
+        best_score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        if best_score is not None:
+            metrics["validation_score"] = round(float(best_score), 4)
+        for split in ("validation", "test"):
+            if split in data.splits:
+                report = self._report(saved, data, split, self._root(trainer) / "report" / split)
+                metrics[split] = headline(report)
+        saved.metadata["metrics"] = metrics
+        directory = saved.save(self._root(trainer) / "model")
+        rank_zero_info(f"model directory: {directory}")
+        if self.register:
+            from service.model_store import register
+
+            self.tag = register(saved, self.name or "han-model")
+            rank_zero_info(f"registered in the BentoML model store as {self.tag}")
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and trainer.state.fn == "test":
+            saved = self._saved_model(trainer, pl_module, best=False)
+            self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test")
+
+    def _saved_model(self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: bool) -> SavedModel:
+        net = copy.deepcopy(pl_module.net).cpu().eval()
+        path = trainer.checkpoint_callback.best_model_path if best and trainer.checkpoint_callback else ""
+        if path:
+            state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+            net.load_state_dict({k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.")})
+        data = trainer.datamodule
+        metadata = {
+            "name": self.name,
+            "trained_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "train_data": data.hparams.train,
+            "test_data": data.hparams.test,
+            "epochs": trainer.current_epoch,
+            "checkpoint": path or None,
+            "hyperparameters": {k: v for k, v in pl_module.hparams.items()},
+        }
+        return SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
+
+    @staticmethod
+    def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:
+        encoded = data.splits[split]
+        documents = [(ids.astype(np.int64), lengths.astype(np.int64)) for ids, lengths in encoded.documents]
+        report = evaluate(Predictor(saved, batch_size=256), documents, encoded.targets.numpy())
+        title = f"{saved.metadata.get('name') or 'model'} on {split} ({report['documents']} documents)"
+        write_report(report, directory, title)
+        rank_zero_info(f"\n{title}\n{report['text']}\nreport written to {directory}")
+        return report

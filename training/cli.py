@@ -1,0 +1,95 @@
+"""``han-train``: LightningCLI over HANClassifier and HANDataModule (fit, validate, test, predict).
+
+    han-train fit --config data/configs/imdb.yaml
+    han-train fit --config data/configs/imdb.yaml --data.train my_reviews.csv --trainer.max_epochs 3
+    han-train fit --config data/configs/imdb.yaml --ckpt_path last        # resume a killed run
+    han-train test --config data/configs/imdb.yaml --ckpt_path runs/imdb/checkpoints/last.ckpt
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from han.saved_model import ModelDirectoryError
+from training.callbacks import ExportModel
+from training.data import HANDataModule
+from training.module import HANClassifier
+from training.sources import DataError
+
+
+class HANCLI(LightningCLI):
+    """Adds the checkpoint and export settings, and fills in run-specific defaults."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # type: ignore[no-untyped-def]
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/score",
+            "checkpoint.mode": "max",
+            "checkpoint.save_last": True,
+            "checkpoint.filename": "epoch{epoch}-score{val/score:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+        parser.add_lightning_class_args(ExportModel, "export")
+        parser.set_defaults({
+            "trainer.use_distributed_sampler": False,
+            "trainer.callbacks": [
+                {"class_path": "pytorch_lightning.callbacks.RichProgressBar"},
+                {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor",
+                 "init_args": {"logging_interval": "epoch"}},
+                {"class_path": "training.callbacks.Throughput"},
+            ],
+        })
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        configs = config.get("config") or []
+        run_name = Path(str(configs[-1])).stem if configs else "han"
+        root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
+        config.trainer.default_root_dir = str(root)
+        if config.checkpoint.dirpath is None:
+            config.checkpoint.dirpath = str(root / "checkpoints")
+        if config.export.name is None:
+            config.export.name = f"han-{run_name}"
+        if config.trainer.enable_progress_bar is False:
+            config.trainer.callbacks = [
+                c for c in config.trainer.callbacks or [] if not str(c.get("class_path", "")).endswith("ProgressBar")
+            ]
+        if config.trainer.logger in (None, True):
+            config.trainer.logger = [
+                {"class_path": "pytorch_lightning.loggers.CSVLogger",
+                 "init_args": {"save_dir": str(root), "name": "csv"}},
+                {"class_path": "pytorch_lightning.loggers.TensorBoardLogger",
+                 "init_args": {"save_dir": str(root), "name": "tensorboard"}},
+            ]
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``han-train``; user errors print one line and exit with status 2."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    try:
+        HANCLI(
+            HANClassifier,
+            HANDataModule,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+        )
+    except (DataError, ModelDirectoryError, FileNotFoundError, ValueError, MisconfigurationException) as e:
+        if os.environ.get("HAN_DEBUG"):
+            raise
+        print(f"han-train: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The LightningDataModule: load, validate, tokenise (cached on disk), build the vocabulary, batch by length."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from han.batch import Batch, collate_flat
+from han.segment import Segmenter, SegmenterConfig
+from han.vocab import Vocabulary
+from training.sources import DataError, load_source
+
+TOKENISER_VERSION = 1  # bump when segmentation changes, to invalidate caches
+
+
+class EncodedDocuments(Dataset):
+    """Documents as (flat word ids, words per sentence) with their targets."""
+
+    def __init__(self, documents: list[tuple[np.ndarray, np.ndarray]], targets: torch.Tensor) -> None:
+        self.documents = documents
+        self.targets = targets
+        self.sizes = [len(ids) for ids, _ in documents]
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: int) -> tuple[tuple[np.ndarray, np.ndarray], torch.Tensor]:
+        return self.documents[index], self.targets[index]
+
+
+def collate_examples(examples: Sequence[tuple[tuple[np.ndarray, np.ndarray], torch.Tensor]]) -> tuple[Batch, Any]:
+    return collate_flat([doc for doc, _ in examples]), torch.stack([t for _, t in examples])
+
+
+class LengthBucketSampler(Sampler[list[int]]):
+    """Batches of documents of similar length, in a fresh random order each epoch.
+
+    Shuffles, cuts the order into pools of ``pool_batches`` batches, sorts each pool by length,
+    then shuffles the batches. Under torch.distributed each rank takes every world-size-th batch
+    (all ranks get the same number), so it works with DDP without Lightning's DistributedSampler.
+    """
+
+    def __init__(
+        self, sizes: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0, pool_batches: int = 50
+    ) -> None:
+        self.sizes = list(sizes)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pool = batch_size * pool_batches
+        self.epoch = 0
+
+    def _all_batches(self) -> list[list[int]]:
+        rng = np.random.default_rng(self.seed + self.epoch)
+        order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
+        batches: list[list[int]] = []
+        for start in range(0, len(order), self.pool):
+            pool = sorted(order[start : start + self.pool].tolist(), key=self.sizes.__getitem__)
+            batches.extend(pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _rank_world(self) -> tuple[int, int]:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._all_batches()
+        self.epoch += 1
+        rank, world = self._rank_world()
+        per_rank = math.ceil(len(batches) / world)
+        batches = (batches * 2)[: per_rank * world]  # pad by repeating so every rank gets as many
+        yield from batches[rank::world]
+
+    def __len__(self) -> int:
+        _, world = self._rank_world()
+        return math.ceil(math.ceil(len(self.sizes) / self.batch_size) / world)
+
+
+class HANDataModule(pl.LightningDataModule):
+    """Labelled documents for a HAN.
+
+    Args:
+        train: training data: a .parquet/.csv/.jsonl file, a folder with one sub-folder of .txt
+            files per class, or a Hugging Face dataset name (``name:split``).
+        validation: validation data; when omitted, ``val_fraction`` of train is held out
+            (stratified by label, seeded).
+        test: test data, used by ``han-train test`` and the evaluation report after ``fit``.
+        text_column: the column holding the document text.
+        label_column: the column holding the label (string or integer), or a list of labels when
+            ``multi_label`` is true.
+        multi_label: each document has any number of labels.
+        labels: the label names in a fixed order; by default the sorted labels seen in train.
+        val_fraction: the share of train held out for validation when ``validation`` is not given.
+        seed: seed for the validation split and batch order.
+        batch_size: documents per training batch.
+        eval_batch_size: documents per validation/test batch.
+        min_freq: words seen fewer times in train become unknown.
+        max_vocab: the vocabulary's size cap, padding and unknown included.
+        max_sentences: cap on sentences per document (longer documents are truncated).
+        max_words: cap on words per sentence (longer sentences are split).
+        max_chars: cap on characters read per document.
+        max_train_docs: use only the first N training documents (quick runs).
+        max_eval_docs: use only the first N validation and test documents (quick runs).
+        cache_dir: where tokenised splits are cached; a second run over the same file reuses them.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(
+        self,
+        train: str,
+        validation: str | None = None,
+        test: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        multi_label: bool = False,
+        labels: list[str] | None = None,
+        val_fraction: float = 0.1,
+        seed: int = 42,
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        min_freq: int = 2,
+        max_vocab: int = 50_000,
+        max_sentences: int = 50,
+        max_words: int = 60,
+        max_chars: int = 100_000,
+        max_train_docs: int | None = None,
+        max_eval_docs: int | None = None,
+        cache_dir: str = ".cache/han",
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 < val_fraction < 1:
+            raise DataError(f"data.val_fraction must be between 0 and 1 (exclusive), not {val_fraction}")
+        for name, value in [("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("min_freq", min_freq),
+                            ("max_vocab", max_vocab), ("max_sentences", max_sentences), ("max_words", max_words),
+                            ("max_chars", max_chars)]:
+            if value < 1:
+                raise DataError(f"data.{name} must be at least 1, not {value}")
+        self.save_hyperparameters()
+        self.segmenter_config = SegmenterConfig(max_sentences=max_sentences, max_words=max_words, max_chars=max_chars)
+        self.vocab: Vocabulary | None = None
+        self.label_names: list[str] | None = labels
+        self.splits: dict[str, EncodedDocuments] = {}
+        self._keys: dict[str, datasets.Dataset] = {}
+
+    # -- public facts, available after setup() -------------------------------------------------
+    @property
+    def num_labels(self) -> int:
+        self.setup()
+        assert self.label_names is not None
+        return len(self.label_names)
+
+    @property
+    def multi_label(self) -> bool:
+        return bool(self.hparams.multi_label)
+
+    def split_keys(self, split: str) -> datasets.Dataset:
+        """The tokenised split (columns ``keys`` and ``target``), for evaluation."""
+        self.setup()
+        return self._keys[split]
+
+    # -- Lightning hooks -------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.vocab is not None:
+            return
+        hp = self.hparams
+        train = self._tokenised("train", hp.train, hp.max_train_docs)
+        self.label_names = self.label_names or self._collect_labels(train)
+        if len(self.label_names) < 2:
+            raise DataError(
+                f"train ({hp.train}): the label column {hp.label_column!r} has only one class "
+                f"({self.label_names[0]!r}); a classifier needs at least two"
+            )
+        if hp.validation:
+            val = self._tokenised("validation", hp.validation, hp.max_eval_docs)
+        else:
+            train, val = self._carve_validation(train)
+        self._keys = {"train": train, "validation": val}
+        if hp.test:
+            self._keys["test"] = self._tokenised("test", hp.test, hp.max_eval_docs)
+        self.vocab = Vocabulary.build(self._iter_keys(train), min_freq=hp.min_freq, max_size=hp.max_vocab)
+        self.splits = {name: self._encode(name, ds) for name, ds in self._keys.items()}
+
+    def train_dataloader(self) -> DataLoader:
+        data = self.splits["train"]
+        sampler = LengthBucketSampler(data.sizes, self.hparams.batch_size, shuffle=True, seed=self.hparams.seed)
+        return self._loader(data, sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        if "test" not in self.splits:
+            raise DataError("no test data: set data.test in the config or with --data.test PATH")
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._eval_loader("test" if "test" in self.splits else "validation")
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        data = self.splits[split]
+        return self._loader(data, LengthBucketSampler(data.sizes, self.hparams.eval_batch_size, shuffle=False))
+
+    def _loader(self, data: EncodedDocuments, sampler: Sampler) -> DataLoader:
+        workers = self.hparams.num_workers
+        return DataLoader(
+            data, batch_sampler=sampler, collate_fn=collate_examples, num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+
+    # -- loading and tokenising ------------------------------------------------------------------
+    def _tokenised(self, split: str, source: str, limit: int | None) -> datasets.Dataset:
+        hp = self.hparams
+        raw = load_source(source)
+        missing = [c for c in (hp.text_column, hp.label_column) if c not in raw.column_names]
+        if missing:
+            raise DataError(
+                f"{split} ({source}): no column {missing[0]!r}; its columns are {', '.join(raw.column_names)} "
+                f"(set data.text_column / data.label_column)"
+            )
+        if limit is not None:
+            raw = raw.select(range(min(limit, len(raw))))
+        raw = raw.select_columns([hp.text_column, hp.label_column])
+        cache = Path(hp.cache_dir) / f"{split}-{self._cache_key(source, raw, limit)}.arrow"
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        segmenter = Segmenter(self.segmenter_config)
+        text_column, label_column = hp.text_column, hp.label_column
+
+        def tokenise(batch: dict[str, list]) -> dict[str, list]:
+            keys, targets = [], []
+            texts = batch[text_column]
+            for i, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
+            for segment, label in zip(segmenter.segment_many(texts), batch[label_column], strict=True):
+                if segment.is_empty:
+                    continue  # nothing to learn from; counted in the log below
+                keys.append(segment.token_keys)
+                targets.append(self._label_strings(label, split, source))
+            return {"keys": keys, "target": targets}
+
+        key = self._cache_key(source, raw, limit)
+        result = raw.map(
+            tokenise, batched=True, batch_size=1000, remove_columns=raw.column_names,
+            cache_file_name=str(cache), load_from_cache_file=True, new_fingerprint=key, desc=f"Tokenising {split}",
+        )
+        if len(result) == 0:
+            raise DataError(f"{split} ({source}): no non-empty documents")
+        return result
+
+    def _cache_key(self, source: str, raw: datasets.Dataset, limit: int | None) -> str:
+        path = Path(source)
+        if path.is_file():
+            stat = path.stat()
+            identity: Any = [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+        elif path.is_dir():
+            identity = [str(path.resolve()), raw._fingerprint]
+        else:
+            identity = [source, raw._fingerprint]
+        hp = self.hparams
+        payload = [identity, limit, hp.text_column, hp.label_column, hp.multi_label,
+                   self.segmenter_config.to_dict(), TOKENISER_VERSION]
+        return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()[:16]
+
+    def _label_strings(self, label: Any, split: str, source: str) -> list[str]:
+        if self.multi_label:
+            if not isinstance(label, (list, tuple)):
+                raise DataError(
+                    f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list"
+                )
+            return [str(x) for x in label]
+        if label is None or isinstance(label, (list, tuple, dict)):
+            raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
+        return [str(label)]
+
+    def _collect_labels(self, train: datasets.Dataset) -> list[str]:
+        seen = {label for target in train["target"] for label in target}
+        return sorted(seen, key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x))
+
+    def _carve_validation(self, train: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
+        hp = self.hparams
+        indices = np.arange(len(train))
+        stratify = None if self.multi_label else [t[0] for t in train["target"]]
+        if stratify is not None and min(Counter(stratify).values()) < 2:
+            stratify = None  # a class with one example cannot be split both ways
+        fit, val = train_test_split(indices, test_size=hp.val_fraction, random_state=hp.seed, stratify=stratify)
+        return train.select(np.sort(fit)), train.select(np.sort(val))
+
+    @staticmethod
+    def _iter_keys(ds: datasets.Dataset) -> Iterator[list[list[str]]]:
+        for batch in ds.iter(batch_size=2000):
+            yield from batch["keys"]
+
+    def _encode(self, split: str, ds: datasets.Dataset) -> EncodedDocuments:
+        assert self.vocab is not None and self.label_names is not None
+        encode = self.vocab.encode
+        index = {name: i for i, name in enumerate(self.label_names)}
+        documents: list[tuple[np.ndarray, np.ndarray]] = []
+        targets = (
+            torch.zeros(len(ds), len(index)) if self.multi_label else torch.zeros(len(ds), dtype=torch.long)
+        )
+        row = 0
+        for batch in ds.iter(batch_size=2000):
+            for keys, target in zip(batch["keys"], batch["target"], strict=True):
+                documents.append((
+                    np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
+                    np.fromiter(map(len, keys), dtype=np.int32),
+                ))
+                unknown = [t for t in target if t not in index]
+                if unknown:
+                    raise DataError(f"{split}: label {unknown[0]!r} does not occur in the training labels")
+                if self.multi_label:
+                    targets[row, [index[t] for t in target]] = 1.0
+                else:
+                    targets[row] = index[target[0]]
+                row += 1
+        return EncodedDocuments(documents, targets)

@@ -1,0 +1,167 @@
+"""The LightningModule: owns the optimisation of a HAN and its metrics."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassF1Score,
+    MultilabelAccuracy,
+    MultilabelF1Score,
+)
+
+from han.batch import Batch
+from han.model import HAN, HANConfig
+
+
+class HANClassifier(pl.LightningModule):
+    """A HAN trained with AdamW or SGD (momentum), a learning-rate schedule and gradient clipping.
+
+    The network's sizes that depend on the data (vocabulary, labels) are read from the
+    DataModule when the trainer builds the model (``configure_model``).
+
+    Args:
+        embed_dim: word embedding size.
+        word_hidden: GRU hidden size per direction over words.
+        sentence_hidden: GRU hidden size per direction over sentences.
+        attention_dim: size of the attention MLPs and context vectors.
+        dropout: dropout before the classifier head.
+        word_dropout: share of words replaced by the unknown token while training.
+        optimizer: ``adamw`` or ``sgd`` (with Nesterov momentum).
+        lr: peak learning rate.
+        weight_decay: decoupled weight decay (AdamW) or L2 (SGD); not applied to embeddings or biases.
+        momentum: SGD momentum.
+        scheduler: ``onecycle`` (warm-up then cosine decay to ~0), ``cosine``, or ``constant``.
+        warmup_fraction: share of steps spent warming up with ``onecycle``.
+        grad_clip: clip the gradient norm to this value (0 disables).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int = 100,
+        word_hidden: int = 50,
+        sentence_hidden: int = 50,
+        attention_dim: int = 100,
+        dropout: float = 0.3,
+        word_dropout: float = 0.1,
+        optimizer: Literal["adamw", "sgd"] = "adamw",
+        lr: float = 3e-3,
+        weight_decay: float = 1e-4,
+        momentum: float = 0.9,
+        scheduler: Literal["onecycle", "cosine", "constant"] = "onecycle",
+        warmup_fraction: float = 0.1,
+        grad_clip: float = 5.0,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"model.lr must be positive, not {lr}")
+        if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
+            raise ValueError("model.dropout and model.word_dropout must be in [0, 1)")
+        self.save_hyperparameters()
+        self.net: HAN | None = None
+        self.loss_fn: nn.Module | None = None
+
+    # -- building ---------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.net is not None:
+            return
+        data = self.trainer.datamodule
+        data.setup()
+        hp = self.hparams
+        config = HANConfig(
+            vocab_size=len(data.vocab), num_labels=data.num_labels, multi_label=data.multi_label,
+            embed_dim=hp.embed_dim, word_hidden=hp.word_hidden, sentence_hidden=hp.sentence_hidden,
+            attention_dim=hp.attention_dim, dropout=hp.dropout, word_dropout=hp.word_dropout,
+        )
+        self.net = HAN(config)
+        n = config.num_labels
+        if config.multi_label:
+            self.loss_fn = nn.BCEWithLogitsLoss()
+            metrics = {
+                "score": MultilabelF1Score(n, average="micro"),
+                "micro_f1": MultilabelF1Score(n, average="micro"),
+                "macro_f1": MultilabelF1Score(n, average="macro"),
+                "acc": MultilabelAccuracy(n, average="micro"),
+            }
+        else:
+            self.loss_fn = nn.CrossEntropyLoss()
+            metrics = {
+                "score": MulticlassAccuracy(n, average="micro"),
+                "acc": MulticlassAccuracy(n, average="micro"),
+                "macro_f1": MulticlassF1Score(n, average="macro"),
+            }
+        collection = MetricCollection(metrics)
+        self.train_metrics = collection.clone(prefix="train/")
+        self.val_metrics = collection.clone(prefix="val/")
+        self.test_metrics = collection.clone(prefix="test/")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        assert self.net is not None
+        checkpoint["han_config"] = self.net.config.to_dict()
+
+    # -- steps --------------------------------------------------------------------------------------
+    def forward(self, batch: Batch) -> Tensor:
+        assert self.net is not None
+        return self.net(*batch).logits
+
+    def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
+        inputs, target = batch
+        logits = self(inputs)
+        loss = self.loss_fn(logits, target)
+        preds = torch.sigmoid(logits) if self.net.config.multi_label else logits.argmax(-1)
+        metric_target = target.long() if self.net.config.multi_label else target
+        metrics = getattr(self, f"{split}_metrics")
+        metrics.update(preds, metric_target)
+        size = target.shape[0]
+        self.log(f"{split}/loss", loss, prog_bar=split != "test", on_step=split == "train", on_epoch=True,
+                 batch_size=size, sync_dist=split != "train")
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=split == "val", batch_size=size)
+        return loss
+
+    def training_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def predict_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> Tensor:
+        return self.net.probabilities(self(batch[0]))
+
+    # -- optimisation ----------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        decay, no_decay = [], []
+        for name, param in self.named_parameters():
+            (no_decay if name.endswith("bias") or "embedding" in name or "context" in name else decay).append(param)
+        groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if hp.optimizer == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=hp.lr, momentum=hp.momentum, nesterov=True)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=hp.lr, fused=True)
+        if hp.scheduler == "constant":
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        if hp.scheduler == "onecycle":
+            schedule = torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=hp.lr, total_steps=total, pct_start=hp.warmup_fraction,
+                cycle_momentum=hp.optimizer == "sgd",
+            )
+        else:
+            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        clip = gradient_clip_val if gradient_clip_val is not None else self.hparams.grad_clip
+        if clip:
+            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")

@@ -1,0 +1,95 @@
+"""Evaluation report: per-class precision/recall/F1, confusion matrix PNG, metrics JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
+
+from han.predict import Predictor
+
+
+def evaluate(
+    predictor: Predictor, documents: list[tuple[np.ndarray, np.ndarray]], targets: np.ndarray
+) -> dict[str, Any]:
+    """Score encoded documents through the predictor and compare with targets.
+
+    ``targets`` are class indices (single-label) or a 0/1 matrix (multi-label).
+    """
+    probs = predictor.probabilities(documents)
+    labels = predictor.labels
+    if predictor.multi_label:
+        predicted = np.array([[label in predictor.decide(row)[1] for label in labels] for row in probs.tolist()])
+        truth = targets.astype(bool)
+        per_label = f1_score(truth, predicted, average=None, zero_division=0)
+        return {
+            "task": "multi-label",
+            "documents": len(documents),
+            "micro_f1": float(f1_score(truth, predicted, average="micro", zero_division=0)),
+            "macro_f1": float(f1_score(truth, predicted, average="macro", zero_division=0)),
+            "samples_f1": float(f1_score(truth, predicted, average="samples", zero_division=0)),
+            "exact_match": float(accuracy_score(truth, predicted)),
+            "per_label_f1": {label: float(f) for label, f in zip(labels, per_label, strict=True)},
+            "support": {label: int(n) for label, n in zip(labels, truth.sum(0), strict=True)},
+            "text": classification_report(truth, predicted, target_names=labels, zero_division=0, digits=3),
+        }
+    predicted = probs.argmax(1)
+    return {
+        "task": "single-label",
+        "documents": len(documents),
+        "accuracy": float(accuracy_score(targets, predicted)),
+        "macro_f1": float(f1_score(targets, predicted, average="macro", zero_division=0)),
+        "per_class": classification_report(
+            targets, predicted, labels=range(len(labels)), target_names=labels, zero_division=0, output_dict=True
+        ),
+        "confusion_matrix": confusion_matrix(targets, predicted, labels=range(len(labels))).tolist(),
+        "labels": labels,
+        "text": classification_report(
+            targets, predicted, labels=range(len(labels)), target_names=labels, zero_division=0, digits=3
+        ),
+    }
+
+
+def headline(report: dict[str, Any]) -> dict[str, float]:
+    """The few numbers worth putting in model metadata."""
+    keys = ("accuracy", "macro_f1") if report["task"] == "single-label" else ("micro_f1", "macro_f1", "exact_match")
+    return {k: round(report[k], 4) for k in keys}
+
+
+def write_report(report: dict[str, Any], directory: Path, title: str) -> Path:
+    """Write metrics.json, classification_report.txt and (single-label) confusion_matrix.png."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.json").write_text(json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2))
+    (directory / "classification_report.txt").write_text(f"{title}\n\n{report['text']}")
+    if report["task"] == "single-label":
+        matrix = np.array(report["confusion_matrix"])
+        _plot_confusion(matrix, report["labels"], directory / "confusion_matrix.png", title)
+    return directory
+
+
+def _plot_confusion(matrix: np.ndarray, labels: list[str], path: Path, title: str) -> None:
+    n = len(labels)
+    size = min(4 + 0.45 * n, 16)
+    fig, ax = plt.subplots(figsize=(size, size))
+    normalised = matrix / np.maximum(matrix.sum(1, keepdims=True), 1)
+    ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), labels, rotation=60 if n > 4 else 0, ha="right" if n > 4 else "center", fontsize=8)
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    if n <= 25:
+        for i in range(n):
+            for j in range(n):
+                colour = "white" if normalised[i, j] > 0.5 else "black"
+                ax.text(j, i, str(matrix[i, j]), ha="center", va="center", fontsize=7 if n > 10 else 10, color=colour)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,68 @@
+"""Reading labelled documents through `datasets`: Parquet, CSV, JSON Lines, a folder per class, or a hub name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import datasets
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?")
+FILE_FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
+
+
+class DataError(ValueError):
+    """A data problem the user can fix: a missing file or column, a single-class label column, ..."""
+
+
+def load_source(source: str) -> datasets.Dataset:
+    """Load one split.
+
+    ``source`` is a Parquet/CSV/JSON Lines file, a folder with one sub-folder of ``.txt`` files per
+    class (scikit-learn's ``load_files`` layout; columns ``text`` and ``label``), or a Hugging Face
+    dataset name with an optional ``:split`` suffix (``stanfordnlp/imdb:test``; default ``train``),
+    which needs the hub or a local cache.
+    """
+    path = Path(source)
+    if path.is_dir():
+        return _load_folder(path)
+    if path.suffix.lower() in FILE_FORMATS:
+        if not path.is_file():
+            raise DataError(f"{source}: file not found")
+        fmt = FILE_FORMATS[path.suffix.lower()]
+        try:
+            return datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as e:  # datasets wraps parser errors in many types
+            raise DataError(f"{source}: cannot be read as {fmt} ({_first_line(e)})") from e
+    if path.exists() or not _HUB_NAME.fullmatch(source):
+        raise DataError(f"{source}: not found, or not a .parquet, .csv or .jsonl file or a folder of class folders")
+    name, _, split = source.partition(":")
+    try:
+        return datasets.load_dataset(name, split=split or "train")
+    except Exception as e:
+        raise DataError(
+            f"{source}: not a file or folder here, and not loadable as a Hugging Face dataset ({_first_line(e)})"
+        ) from e
+
+
+def _load_folder(path: Path) -> datasets.Dataset:
+    classes = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(f"{path}: a data folder needs one sub-folder of .txt files per class")
+    texts: list[str] = []
+    labels: list[str] = []
+    for folder in classes:
+        for file in sorted(folder.glob("*.txt")):
+            try:
+                texts.append(file.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                texts.append(file.read_text(encoding="latin-1"))
+            labels.append(folder.name)
+    if not texts:
+        raise DataError(f"{path}: no .txt files in its class folders ({', '.join(c.name for c in classes)})")
+    return datasets.Dataset.from_dict({"text": texts, "label": labels})
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]
