@@ -54,8 +54,10 @@ class LengthBucketSampler(Sampler[list[int]]):
     """
 
     def __init__(
-        self, sizes: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0, pool_batches: int = 50
+        self, sizes: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0, pool_batches: int = 50,
+        rank: int | None = None, world_size: int | None = None,
     ) -> None:
+        self.rank, self.world_size = rank, world_size
         self.sizes = list(sizes)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -75,6 +77,8 @@ class LengthBucketSampler(Sampler[list[int]]):
         return batches
 
     def _rank_world(self) -> tuple[int, int]:
+        if self.rank is not None and self.world_size is not None:
+            return self.rank, self.world_size
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
         return 0, 1

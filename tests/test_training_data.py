@@ -1,0 +1,64 @@
+"""Data loading pieces without a Trainer: sources, length-bucketed batches and their DDP sharding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.conftest import REPO
+from training.data import HANDataModule, LengthBucketSampler
+from training.sources import DataError, load_source
+
+
+def test_batches_cover_every_document_once_and_group_similar_lengths() -> None:
+    sizes = [random.Random(0).randint(1, 500) for _ in range(1000)]
+    sampler = LengthBucketSampler(sizes, batch_size=16, seed=3)
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert len(batches) == len(sampler)
+    spread = sum(max(sizes[i] for i in b) - min(sizes[i] for i in b) for b in batches) / len(batches)
+    assert spread < 60, "a batch should hold documents of similar length (sizes range 1-500)"
+    assert list(sampler) != batches, "a new epoch brings a new order"
+
+
+def test_ddp_ranks_get_disjoint_equal_shares_that_cover_everything() -> None:
+    sizes = list(range(1, 1001))
+    shares = [list(LengthBucketSampler(sizes, 32, seed=5, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(s) for s in shares}) == 1, "every rank must run the same number of steps"
+    seen = [i for share in shares for batch in share for i in batch]
+    assert set(seen) == set(range(1000))
+    assert len(seen) - 1000 < 32 * 3, "only the padding needed to even out the ranks is repeated"
+    assert len(shares[0]) == len(LengthBucketSampler(sizes, 32, rank=0, world_size=3))
+
+
+def test_unreadable_sources_name_the_problem(tmp_path) -> None:
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="bad.parquet: cannot be read as parquet"):
+        load_source(str(tmp_path / "bad.parquet"))
+    with pytest.raises(DataError, match="missing.jsonl: file not found"):
+        load_source(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="not a .parquet, .csv or .jsonl file"):
+        load_source(str(tmp_path / "notes.txt"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="one sub-folder of .txt files per class"):
+        load_source(str(tmp_path / "empty"))
+
+
+def test_a_hub_name_is_tried_offline_and_fails_clearly() -> None:
+    with pytest.raises(DataError, match="not loadable as a Hugging Face dataset"):
+        load_source("someone/no-such-dataset:test")
+
+
+def test_validation_is_carved_from_train_stratified_and_seeded(tmp_path) -> None:
+    def split(seed: int) -> tuple[list, list]:
+        dm = HANDataModule(train=str(REPO / "data" / "fixtures" / "reviews.jsonl"), val_fraction=0.25, seed=seed,
+                           min_freq=1, cache_dir=str(tmp_path))
+        dm.setup()
+        return dm.splits["train"].targets.tolist(), dm.splits["validation"].targets.tolist()
+
+    train, val = split(1)
+    assert len(val) == 8 and val.count(0) == val.count(1) == 4, "stratified: both classes equally held out"
+    assert len(train) == 24
+    assert split(1) == (train, val)
