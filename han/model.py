@@ -65,8 +65,11 @@ class Attention(nn.Module):
 
     def forward(self, h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """h [rows, steps, dim], mask [rows, steps] (True = real) -> ([rows, dim], weights [rows, steps])."""
-        scores = torch.tanh(self.proj(h)) @ self.context
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        # Score real positions only: padding can be most of a batch of sentences (its longest one
+        # sets the width), and tanh(proj(h)) on it would be wasted work.
+        scores = h.new_full(mask.shape, float("-inf"))
+        scores[mask] = torch.tanh(self.proj(h[mask])) @ self.context
+        weights = torch.softmax(scores, dim=-1)
         return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
 
 
@@ -100,21 +103,29 @@ class BiGRU(nn.Module):
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length."""
         steps = x.shape[1]
+        if not torch.is_grad_enabled():
+            return self._packed_bidirectional(x, lengths)
         reverse = _reverse_within(lengths, steps)
         x_reversed = _gather_steps(x, reverse)
-        if torch.is_grad_enabled():
-            h_forward, h_backward = self._dense_buckets(x, x_reversed, lengths)
-        else:
-            h_forward = self._packed(self.forward_rnn, x, lengths)
-            h_backward = self._packed(self.backward_rnn, x_reversed, lengths)
+        h_forward, h_backward = self._dense_buckets(x, x_reversed, lengths)
         h = torch.cat([h_forward, _gather_steps(h_backward, reverse)], dim=-1)
         mask = torch.arange(steps, device=x.device) < lengths.unsqueeze(1)
         return h * mask.unsqueeze(-1)
 
-    @staticmethod
-    def _packed(rnn: nn.GRU, x: Tensor, lengths: Tensor) -> Tensor:
+    def _packed_bidirectional(self, x: Tensor, lengths: Tensor) -> Tensor:
+        """Inference: both directions in one packed bidirectional GRU call (PyTorch reverses each
+        sequence within its length itself); pad_packed_sequence leaves zeros past each length."""
+        f, b = self.forward_rnn, self.backward_rnn
+        if "_bidirectional" not in self.__dict__:
+            # A shell whose own weights are never used; kept in __dict__ so that it is not a
+            # submodule and stays out of the state dict.
+            shell = nn.GRU(f.input_size, f.hidden_size, batch_first=True, bidirectional=True)
+            self.__dict__["_bidirectional"] = shell.to(device=f.weight_ih_l0.device)
+        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+        params = {name: getattr(f, name) for name in names} | {f"{name}_reverse": getattr(b, name) for name in names}
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        return pad_packed_sequence(rnn(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+        out = torch.func.functional_call(self.__dict__["_bidirectional"], params, (packed,))[0]
+        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
 
     def _dense_buckets(self, x: Tensor, x_reversed: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         hidden = self.forward_rnn.hidden_size

@@ -92,20 +92,20 @@ class Segmenter:
         """Segment documents lazily and in order; an empty document gives an empty Segment."""
         limit = self.config.max_chars
 
-        def prepared() -> Iterator[tuple[str, tuple[str, bool]]]:
+        def prepared() -> Iterator[tuple[str, tuple[str, str, bool]]]:
             for text in texts:
                 if not isinstance(text, str):
                     raise TypeError(f"a document must be a string, not {type(text).__name__}")
                 cut = len(text) > limit
-                yield clean_text(text[:limit] if cut else text), (text, cut)
+                cleaned = clean_text(text[:limit] if cut else text)
+                yield cleaned, (text, cleaned, cut)
 
-        for doc, (original, cut) in self.nlp.pipe(prepared(), batch_size=batch_size, as_tuples=True):
-            yield self._from_doc(doc, original, cut)
+        for doc, (original, cleaned, cut) in self.nlp.pipe(prepared(), batch_size=batch_size, as_tuples=True):
+            yield self._from_doc(doc, original, cleaned, cut)
 
-    def _from_doc(self, doc: Doc, original: str, cut: bool) -> Segment:
+    def _from_doc(self, doc: Doc, original: str, cleaned: str, cut: bool) -> Segment:
         max_words, max_sentences = self.config.max_words, self.config.max_sentences
         segment = Segment(text=original, truncated=cut)
-        cleaned = doc.text
         sentences: list[list[tuple[int, int]]] = []
         current: list[tuple[int, int]] = []
         boundary = False  # a sentence start or a line break seen on a whitespace token

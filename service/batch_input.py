@@ -1,0 +1,211 @@
+"""Reading ``han-score`` input: Parquet, CSV or JSON Lines, streamed through ``datasets``.
+
+The file is opened with ``load_dataset(fmt, data_files=..., split="train", streaming=True)``, so
+only a batch of rows is in memory at a time and a file larger than memory works. Every
+problem with the input (missing file, unknown extension, unreadable data, missing column)
+is raised as ``InputError`` with a one-line message naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Extension -> datasets builder.
+INPUT_FORMATS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".json": "json",
+}
+READ_BATCH = 1_000  # rows per batch pulled from the stream
+
+
+class InputError(Exception):
+    """The input cannot be scored at all (the message names the problem in one line)."""
+
+
+@dataclass
+class InputFile:
+    path: Path
+    fmt: str  # datasets builder: parquet, csv or json
+    text_column: str
+    id_column: str | None
+    columns: list[str]  # every column of the file ([] when it has no rows and no schema)
+    id_is_int: bool  # the id column is an integer column (kept as int64 in Parquet output)
+    empty: bool  # no rows at all
+
+    def iter_rows(self, start: int = 0, num_shards: int = 1, shard_index: int = 0) -> Iterator[tuple[int, Any, Any]]:
+        """Yield (row index, id or None, text value) for this shard's rows from row ``start`` on, in order.
+
+        Row ``i`` of the file belongs to shard ``i % num_shards``. Values are as read (the text may be
+        None or not a string; the scorer reports those rows). Read errors are raised as InputError.
+        """
+        if self.empty:
+            return
+        wanted = list(dict.fromkeys([self.text_column] + ([self.id_column] if self.id_column else [])))
+        row = start
+        try:
+            ds = _load(self.path, self.fmt, self._load_options(wanted))
+            if self.fmt != "parquet":
+                ds = ds.select_columns(wanted)
+            if start:
+                ds = ds.skip(start)
+            for batch in ds.iter(batch_size=READ_BATCH):
+                texts = batch[self.text_column]
+                ids = batch[self.id_column] if self.id_column else None
+                for k, text in enumerate(texts):
+                    if row % num_shards == shard_index:
+                        yield row, (ids[k] if ids is not None else None), text
+                    row += 1
+        except InputError:
+            raise
+        except Exception as e:
+            raise InputError(f"cannot read {self.path} (near row {row}): {_one_line(e)}") from e
+
+    def count_rows(self) -> int | None:
+        """Rows in the file (for the progress bar): exact for Parquet, a fast count for JSON Lines and CSV."""
+        if self.empty:
+            return 0
+        try:
+            if self.fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                return pq.ParquetFile(self.path).metadata.num_rows
+            if self.fmt == "json":
+                return _count_lines(self.path)
+            import pyarrow.csv as pacsv
+
+            reader = pacsv.open_csv(
+                self.path,
+                read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 22),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(self.columns, "string")),
+            )
+            return sum(batch.num_rows for batch in reader)
+        except Exception:
+            return None  # only the progress bar's total is lost
+
+    def _load_options(self, columns: list[str] | None) -> dict[str, Any]:
+        if self.fmt == "parquet":
+            return _parquet_options(columns)
+        if self.fmt == "csv":
+            return _csv_options(self.columns)
+        return {}
+
+
+def check_input_path(path: Path) -> str:
+    """The datasets builder for ``path`` (cheap checks only: extension, existence, permission)."""
+    fmt = INPUT_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(
+            f"{path}: unsupported input type {path.suffix or '(no extension)'!r} "
+            f"(use {', '.join(sorted(INPUT_FORMATS))})"
+        )
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{path}: permission denied")
+    return fmt
+
+
+def open_input(path: str | Path, text_column: str, id_column: str | None) -> InputFile:
+    """Check that ``path`` is a readable Parquet/CSV/JSON Lines file with the named columns."""
+    path = Path(path)
+    fmt = check_input_path(path)
+    if path.stat().st_size == 0:
+        if fmt == "parquet":
+            raise InputError(f"cannot read {path}: the file is empty (not Parquet)")
+        return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
+
+    _quiet_datasets()
+    try:
+        options = {"parquet": _parquet_options(None), "csv": _csv_options(None)}.get(fmt, {})
+        ds = _load(path, fmt, options)
+        features = ds.features
+        first = next(iter(ds.take(1)), None)
+    except StopIteration:  # datasets' JSON builder raises this for a file with no rows
+        return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
+    except Exception as e:
+        raise InputError(f"cannot read {path}: {_one_line(e)}") from e
+    if features is not None:
+        columns = list(features)
+    elif first is not None:
+        columns = list(first)
+    else:
+        return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
+    for role, name in (("text", text_column), ("id", id_column)):
+        if name is not None and name not in columns:
+            raise InputError(
+                f"{path}: no column {name!r} (the {role} column); its columns are {', '.join(map(repr, columns))}"
+            )
+    id_is_int = False
+    if id_column is not None and fmt != "csv" and features is not None:
+        dtype = getattr(features[id_column], "dtype", "")
+        id_is_int = dtype.startswith(("int", "uint"))
+    return InputFile(path, fmt, text_column, id_column, columns, id_is_int, empty=first is None)
+
+
+def _parquet_options(columns: list[str] | None) -> dict[str, Any]:
+    """Only the needed columns, in batches of READ_BATCH rows, read page by page.
+
+    By default Arrow pre-buffers a whole row group; a file written as one big row group (the
+    IMDB files are one group of 25,000 rows) would then cost memory in proportion to its size.
+    """
+    import pyarrow.dataset as pads
+
+    options: dict[str, Any] = {
+        "batch_size": READ_BATCH,
+        "fragment_scan_options": pads.ParquetFragmentScanOptions(
+            pre_buffer=False, use_buffered_stream=True, buffer_size=1 << 20
+        ),
+    }
+    if columns:
+        options["columns"] = columns
+    return options
+
+
+def _csv_options(columns: list[str] | None) -> dict[str, Any]:
+    """CSV cells are text: no NA guessing (a review that says "NA" stays "NA"), no type guessing."""
+    options: dict[str, Any] = {"keep_default_na": False}
+    if columns:
+        from datasets import Features, Value
+
+        options["features"] = Features({c: Value("string") for c in columns})
+    return options
+
+
+def _load(path: Path, fmt: str, options: dict[str, Any]) -> Any:
+    from datasets import load_dataset
+
+    return load_dataset(fmt, data_files=str(path), split="train", streaming=True, **options)
+
+
+def _count_lines(path: Path) -> int:
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
+def _quiet_datasets() -> None:
+    """datasets logs read errors itself (tracebacks included); han-score reports them in one line."""
+    import datasets
+
+    datasets.logging.set_verbosity(logging.CRITICAL)
+    datasets.disable_progress_bars()
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
