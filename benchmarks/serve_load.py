@@ -1,0 +1,348 @@
+"""Load test of the HTTP service on IMDB test reviews, with explanations.
+
+Starts its own ``bentoml serve service.service:HANClassifier`` on a free loopback port, then:
+
+* single client: one review per request, one request at a time -> latency p50 / p90 / p99;
+* N concurrent clients (default 32), one review per request -> documents/s, errors, latency;
+* (``--sweep``) the same at 2, 4, 8 and 16 clients: throughput against concurrency;
+* the single client again, after the load.
+
+Every request has ``"explain": true``. It also reports the server's CPU time per document and
+how many requests the service gathered into each model call (from ``/metrics``).
+
+    python benchmarks/serve_load.py                        # serves han-imdb:latest
+    python benchmarks/serve_load.py --make-bench-model     # registers and serves han-bench (see below)
+
+``--make-bench-model`` registers ``han-bench``: the default architecture (``han.HANConfig`` and
+``han.SegmenterConfig`` defaults), random weights and a vocabulary built from IMDB train
+(min_freq 2, at most 50,000 entries). Speed does not depend on the weights, so it stands in for
+the IMDB model before one is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tag", nargs="?", default=None, help="model tag (default han-imdb:latest, or han-bench)")
+    parser.add_argument("--make-bench-model", action="store_true", help="register han-bench (if missing) and use it")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with IMDB train/test.parquet")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    parser.add_argument("--requests", type=int, default=3000, help="requests in the concurrent run (default 3000)")
+    parser.add_argument("--single", type=int, default=400, help="requests in the single-client run (default 400)")
+    parser.add_argument("--sweep", action="store_true", help="also measure 2, 4, 8 and 16 clients")
+    parser.add_argument("--workers", type=int, default=None, help="service worker processes ($HAN_WORKERS)")
+    parser.add_argument(
+        "--service",
+        default="service.service:HANClassifier",
+        help="what to serve (benchmarks.adaptive_batching_service:HANClassifierAdaptive to compare)",
+    )
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra server environment")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------
+# The benchmark model
+# ------------------------------------------------------------------------------------------------
+
+
+def make_bench_model(data: Path, name: str = "han-bench") -> str:
+    """Register (once) the default architecture with random weights and an IMDB-train vocabulary."""
+    import bentoml
+
+    try:
+        return str(bentoml.models.get(f"{name}:latest").tag)
+    except bentoml.exceptions.NotFound:
+        pass
+    import pandas as pd
+    import torch
+
+    from han import HAN, HANConfig, SavedModel, Segmenter, SegmenterConfig, Vocabulary
+    from service.model_store import register
+
+    print(f"registering {name}: vocabulary from {data / 'train.parquet'} ...", flush=True)
+    texts = pd.read_parquet(data / "train.parquet", columns=["text"])["text"].tolist()
+    segmenter = Segmenter(SegmenterConfig())
+    vocab = Vocabulary.build((s.token_keys for s in segmenter.segment_many(texts)), min_freq=2, max_size=50_000)
+    torch.manual_seed(0)
+    model = HAN(HANConfig(vocab_size=len(vocab), num_labels=2)).eval()
+    saved = SavedModel(model, vocab, ["neg", "pos"], SegmenterConfig(), metadata={"dataset": "imdb (random weights)"})
+    return register(saved, name, {"note": "benchmark stand-in: random weights, IMDB-train vocabulary"})
+
+
+# ------------------------------------------------------------------------------------------------
+# The server
+# ------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tag: str, workers: int | None, service: str, extra_env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "HAN_MODEL_TAG": tag, "BENTOML_DO_NOT_TRACK": "true"}
+        if workers:
+            env["HAN_WORKERS"] = str(workers)
+        env.update(extra_env)
+        self.service = service
+        serve_args = ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.log_path = Path(tempfile.gettempdir()) / f"serve_load-{self.port}.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bentoml", "serve", service, *serve_args],
+            cwd=REPO,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"the server exited ({self.process.returncode}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"the server was not ready in {timeout} s; see {self.log_path}")
+
+    def processes(self) -> list[int]:
+        """The server and its descendants (BentoML's workers run in sessions of their own)."""
+        parents: dict[int, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        found, frontier = [self.process.pid], [self.process.pid]
+        while frontier:
+            frontier = [pid for pid, parent in parents.items() if parent in frontier]
+            found += frontier
+        return found
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server's processes so far."""
+        total = 0
+        for pid in self.processes():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+
+    def stop(self) -> None:
+        pids = self.processes()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in pids[1:]:  # a worker the server did not take down with it (checked: still ours)
+            with contextlib.suppress(OSError):
+                if self.service.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The clients
+# ------------------------------------------------------------------------------------------------
+
+
+async def run_load(url: str, texts: list[str], clients: int) -> dict:
+    """Send one request per text from ``clients`` concurrent keep-alive connections."""
+    import aiohttp
+
+    queue = iter(texts)
+    latencies: list[float] = []
+    errors: list[str] = []
+    documents = 0
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def client() -> None:
+            nonlocal documents
+            for text in queue:
+                body = json.dumps({"documents": [text], "explain": True})
+                started = time.perf_counter()
+                try:
+                    async with session.post(
+                        url + "/classify", data=body, headers={"Content-Type": "application/json"}
+                    ) as response:
+                        payload = await response.read()
+                        if response.status != 200:
+                            errors.append(f"HTTP {response.status}: {payload[:200]!r}")
+                            continue
+                        if not payload.startswith(b'{"results":[{"label":') or b'"sentences":' not in payload:
+                            errors.append(f"unexpected body: {payload[:200]!r}")
+                            continue
+                except (TimeoutError, aiohttp.ClientError) as e:
+                    errors.append(f"{type(e).__name__}: {e}")
+                    continue
+                latencies.append(time.perf_counter() - started)
+                documents += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    return summarize(latencies, errors, documents, elapsed, clients)
+
+
+def summarize(latencies: list[float], errors: list[str], documents: int, elapsed: float, clients: int) -> dict:
+    ordered = sorted(latencies) or [float("nan")]
+
+    def pct(q: float) -> float:
+        return 1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {
+        "clients": clients,
+        "requests": documents + len(errors),
+        "documents": documents,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "seconds": round(elapsed, 2),
+        "docs_per_s": round(documents / elapsed, 1),
+        "p50_ms": round(pct(0.50), 1),
+        "p90_ms": round(pct(0.90), 1),
+        "p99_ms": round(pct(0.99), 1),
+        "mean_ms": round(1000 * statistics.fmean(ordered), 1) if latencies else None,
+    }
+
+
+def batch_counters(server: Server) -> tuple[float, float]:
+    """(requests, model calls) so far: the service's own batcher, or BentoML's adaptive batching."""
+    calls = server.metric("han_batch_requests_count")
+    if calls:
+        return server.metric("han_batch_requests_sum"), calls
+    return (
+        server.metric("bentoml_service_adaptive_batch_size_sum"),
+        server.metric("bentoml_service_adaptive_batch_size_count"),
+    )
+
+
+def measured(server: Server, texts: list[str], clients: int) -> dict:
+    cpu0, (req0, calls0) = server.cpu_seconds(), batch_counters(server)
+    result = asyncio.run(run_load(server.url, texts, clients))
+    cpu1, (req1, calls1) = server.cpu_seconds(), batch_counters(server)
+    result["server_cpu_ms_per_doc"] = round(1000 * (cpu1 - cpu0) / max(1, result["documents"]), 2)
+    result["requests_per_model_call"] = round((req1 - req0) / max(1, calls1 - calls0), 2)
+    return result
+
+
+def machine() -> dict:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "load_average_before": os.getloadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    sys.path.insert(0, str(REPO))
+    if args.make_bench_model:
+        tag = make_bench_model(args.data)
+    else:
+        tag = args.tag or os.environ.get("HAN_MODEL_TAG") or "han-imdb:latest"
+
+    import pandas as pd
+
+    texts = pd.read_parquet(args.data / "test.parquet", columns=["text"])["text"].tolist()
+    random.Random(0).shuffle(texts)
+    need = args.single + args.requests + 200
+    texts = (texts * (need // len(texts) + 1))[:need]
+    warmup, single, load = texts[:200], texts[200 : 200 + args.single], texts[200 + args.single :]
+    info = machine()
+    print(f"{args.service}, model {tag}")
+    print(f"{info['cpus']} CPUs ({info['cpu_model']}); load average {info['load_average_before']}")
+    print(f"IMDB test reviews: mean {statistics.fmean(map(len, load)):.0f} characters; explain=true\n", flush=True)
+
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    server = Server(tag, args.workers, args.service, extra_env)
+    results: dict = {"model": tag, "service": args.service, "env": extra_env, "machine": info, "runs": []}
+    try:
+        server.wait_ready()
+        asyncio.run(run_load(server.url, warmup, 8))
+        runs = [("single client", single, 1)]
+        if args.sweep:
+            runs += [(f"{c} clients", load[: max(200, 60 * c)], c) for c in (2, 4, 8, 16) if c < args.clients]
+        runs.append((f"{args.clients} clients", load, args.clients))
+        runs.append(("single, after", single, 1))  # does the load leave the service slower for one client?
+        header = f"{'run':<15}{'docs':>6}{'errors':>8}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        header += f"{'cpu ms/doc':>12}{'req/batch':>11}"
+        print(header)
+        for name, batch, clients in runs:
+            result = measured(server, batch, clients)
+            result["run"] = name
+            results["runs"].append(result)
+            print(
+                f"{name:<15}{result['documents']:>6}{result['errors']:>8}{result['docs_per_s']:>9}"
+                f"{result['p50_ms']:>9}{result['p90_ms']:>9}{result['p99_ms']:>9}"
+                f"{result['server_cpu_ms_per_doc']:>12}{result['requests_per_model_call']:>11}",
+                flush=True,
+            )
+            for error in result["first_errors"]:
+                print(f"    error: {error}")
+    finally:
+        server.stop()
+    results["machine"]["load_average_after"] = os.getloadavg()
+    print(f"\nload average after: {results['machine']['load_average_after']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""The HTTP service, against a real ``bentoml serve`` of the tiny model on a loopback port.
+
+One server for the whole session (see tests/service_server.py); no mocks.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+import han
+from service.service import MAX_DOCUMENTS, ClassifyResponse, ModelInfo
+from tests.service_server import ServiceServer, shared_server, tiny_model_dir_quickly
+from tests.tiny_model import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+REVIEWS = [row["text"] for row in read_jsonl("reviews.jsonl")]
+
+
+@pytest.fixture(scope="session")
+def server(request: pytest.FixtureRequest) -> ServiceServer:
+    return shared_server(request.config, tiny_model_dir_quickly(request))
+
+
+@pytest.fixture(scope="session")
+def predictor(request: pytest.FixtureRequest) -> han.Predictor:
+    """The same model in-process: what the service must agree with."""
+    return han.Predictor(han.SavedModel.load(tiny_model_dir_quickly(request)))
+
+
+def classify(server: ServiceServer, documents: list, explain: bool = True) -> list[dict]:
+    status, body = server.post_json("/classify", {"documents": documents, "explain": explain})
+    assert status == 200, body
+    ClassifyResponse.model_validate(body)
+    return body["results"]
+
+
+def assert_same_prediction(result: dict, expected: han.Prediction) -> None:
+    assert result["label"] == expected.label
+    assert result["labels"] == expected.labels
+    assert result["scores"] == pytest.approx(expected.scores, abs=1e-5)
+    assert result["truncated"] == expected.truncated
+
+
+# ------------------------------------------------------------------------------------------
+# The contract
+# ------------------------------------------------------------------------------------------
+
+
+def test_classify_returns_labels_scores_and_explanations_in_input_order(server, predictor):
+    documents = [REVIEWS[0], REVIEWS[-1], "Terrible.\n\nI walked out after twenty minutes. Awful acting!", REVIEWS[4]]
+    results = classify(server, documents)
+    assert len(results) == len(documents)
+    for document, result, expected in zip(documents, results, predictor.predict(documents), strict=True):
+        assert_same_prediction(result, expected)
+        assert set(result["scores"]) == {"neg", "pos"}
+        assert sum(result["scores"].values()) == pytest.approx(1, abs=1e-4)
+        assert result["label"] == max(result["scores"], key=result["scores"].get)
+        assert result["labels"] == [result["label"]]
+        sentences = result["sentences"]
+        assert [s["text"] for s in sentences] == [s.text for s in expected.sentences]
+        assert sum(s["weight"] for s in sentences) == pytest.approx(1, abs=1e-4)
+        previous_end = 0
+        for sentence, expected_sentence in zip(sentences, expected.sentences, strict=True):
+            assert document[sentence["start"] : sentence["end"]] == sentence["text"]
+            assert sentence["start"] >= previous_end
+            previous_end = sentence["end"]
+            assert sentence["weight"] == pytest.approx(expected_sentence.weight, abs=1e-5)
+            assert sum(w["weight"] for w in sentence["words"]) == pytest.approx(1, abs=1e-4)
+            for word, expected_word in zip(sentence["words"], expected_sentence.words, strict=True):
+                assert document[word["start"] : word["end"]] == word["text"] == expected_word.text
+                assert sentence["start"] <= word["start"] < word["end"] <= sentence["end"]
+                assert word["weight"] == pytest.approx(expected_word.weight, abs=1e-5)
+
+
+def test_without_explain_the_sentences_are_left_out(server, predictor):
+    results = classify(server, REVIEWS[:3], explain=False)
+    for result, expected in zip(results, predictor.predict(REVIEWS[:3], explain=False), strict=True):
+        assert "sentences" not in result
+        assert_same_prediction(result, expected)
+
+
+def test_offsets_count_characters_of_the_original_text(server):
+    document = "Émile 😀 adored it.\r\n<br />Ça marche — superb! 🎬🎬 Wonderful."
+    [result] = classify(server, [document])
+    words = [w for s in result["sentences"] for w in s["words"]]
+    assert all(document[w["start"] : w["end"]] == w["text"] for w in words)
+    assert "superb" in [w["text"] for w in words]
+
+
+def test_a_long_document_is_truncated_and_says_so(server, predictor):
+    long_document = " ".join(f"Sentence number {i} is rather good." for i in range(40))  # caps: 8 sentences
+    results = classify(server, [long_document, REVIEWS[0]])
+    assert results[0]["truncated"] is True
+    assert len(results[0]["sentences"]) == predictor.saved.segmenter.max_sentences
+    assert results[1]["truncated"] is False
+    huge = "A good film. " * 10_000  # past max_chars as well
+    [result] = classify(server, [huge], explain=False)
+    assert result["truncated"] is True
+
+
+def test_the_documents_limit_is_accepted_exactly(server):
+    results = classify(server, [f"Good film number {i}." for i in range(MAX_DOCUMENTS)], explain=False)
+    assert len(results) == MAX_DOCUMENTS
+
+
+def test_model_endpoint_describes_the_served_model(server, predictor):
+    status, info = server.get_json("/model")
+    assert status == 200
+    ModelInfo.model_validate(info)
+    assert info["tag"] == server.model_tag
+    assert info["tag"].startswith("han-test:")
+    assert info["labels"] == predictor.labels == ["neg", "pos"]
+    assert info["task"] == "single-label"
+    assert info["threshold"] is None
+    assert info["dataset"] == "fixture"
+    assert info["metadata"]["dataset"] == "fixture"
+    assert info["trained_at"] is None and info["metrics"] is None  # the tiny model records neither
+    assert info["architecture"]["vocab_size"] == len(predictor.saved.vocab)
+    assert info["limits"]["max_documents"] == MAX_DOCUMENTS
+    assert info["limits"]["max_sentences"] == predictor.saved.segmenter.max_sentences
+
+
+def test_health_and_metrics_endpoints(server):
+    for path in ("/livez", "/readyz"):
+        status, _, _ = server.request("GET", path)
+        assert status == 200, path
+    classify(server, [REVIEWS[0]])
+    status, _, body = server.request("GET", "/metrics")
+    assert status == 200
+    text = body.decode()
+    assert "han_batch_requests_count" in text
+    assert re.search(r'bentoml_service_request_total\{[^}]*endpoint="/classify"', text), text[:2000]
+
+
+def test_pages_and_openapi_document(server):
+    status, headers, body = server.request("GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    page = body.decode()
+    assert 'id="classify"' in page and 'id="document"' in page and 'id="explanation"' in page
+    assert not re.search(r"""(src|href)=["']https?://""", page), "the page must not load assets from the internet"
+    status, headers, _ = server.request("GET", "/docs")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    status, _, raw = server.request("GET", "/docs.json")
+    assert status == 200
+
+    def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+        keys = [key for key, _ in pairs]
+        assert len(keys) == len(set(keys)), f"duplicate keys in the OpenAPI document: {keys}"
+        return dict(pairs)
+
+    spec = json.loads(raw, object_pairs_hook=no_duplicate_keys)
+    assert spec["openapi"].startswith("3.")
+    assert {"/classify", "/model", "/"} <= set(spec["paths"])
+    assert {"400", "413", "422"} <= set(spec["paths"]["/classify"]["post"]["responses"])
+    request_schema = json.dumps(spec["paths"]["/classify"]["post"]["requestBody"])
+    assert "documents" in request_schema and "explain" in request_schema
+
+
+def test_binds_to_loopback_by_default():
+    from service.service import HANClassifier
+
+    assert HANClassifier.config["http"]["host"] == "127.0.0.1"
+
+
+# ------------------------------------------------------------------------------------------
+# Bad input: a 4xx with a JSON message that names the problem, never a 500 or a traceback
+# ------------------------------------------------------------------------------------------
+
+BAD_BODIES = [
+    # (id, body, status, words the message must contain)
+    ("empty list", b'{"documents": []}', 422, "documents: the list is empty"),
+    (
+        "too many documents",
+        json.dumps({"documents": ["good"] * (MAX_DOCUMENTS + 1)}).encode(),
+        413,
+        "more than the limit of 256",
+    ),
+    (
+        "number",
+        b'{"documents": ["fine", "also fine", "ok", 3]}',
+        422,
+        "documents[3]: the document must be a string, not a number",
+    ),
+    ("null", b'{"documents": ["fine", null]}', 422, "documents[1]: the document must be a string, not null"),
+    ("object", b'{"documents": [{"text": "hi"}]}', 422, "documents[0]: the document must be a string, not an object"),
+    (
+        "empty document",
+        b'{"documents": ["fine", "fine", "fine", ""]}',
+        422,
+        "documents[3]: the document is empty or whitespace only",
+    ),
+    ("whitespace", b'{"documents": [" \\n\\t "]}', 422, "documents[0]: the document is empty or whitespace only"),
+    ("markup only", b'{"documents": ["fine", "<br /><br />"]}', 422, "documents[1]: the document has no words"),
+    ("malformed JSON", b'{"documents": ["a"', 400, "not valid JSON"),
+    ("trailing garbage", b'{"documents": ["a"]} x', 400, "not valid JSON"),
+    ("empty body", b"", 400, "the request body is empty"),
+    ("not an object", b'["a", "b"]', 422, "must be a JSON object"),
+    ("missing documents", b'{"explain": true}', 422, "documents: this field is required"),
+    ("documents not a list", b'{"documents": "a review"}', 422, "documents: must be a list of strings, not a string"),
+    ("explain not a boolean", b'{"documents": ["a"], "explain": "yes"}', 422, "explain: must be true or false"),
+    ("unknown field", b'{"documents": ["a"], "document": "b"}', 422, "document: unknown field"),
+    ("invalid UTF-8", b'{"documents": ["caf\xe9 \xff"]}', 400, "not valid UTF-8"),
+    ("lone surrogate", b'{"documents": ["bad \\ud800 text"]}', 400, "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [b[1:] for b in BAD_BODIES], ids=[b[0] for b in BAD_BODIES])
+def test_bad_input_gets_a_4xx_naming_the_problem(server, body, status, message):
+    got, headers, raw = server.request("POST", "/classify", body, {"Content-Type": "application/json"})
+    assert got == status, raw[:500]
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(raw)["error"]
+    assert message in error
+    assert "Traceback" not in error
+
+
+def test_a_body_over_the_size_limit_is_refused_without_reading_it(server):
+    big = b'{"documents": ["' + b"a" * (10 * 2**20) + b'"]}'
+    status, _, raw = server.request("POST", "/classify", big, {"Content-Type": "application/json"})
+    assert status == 413
+    assert "larger than the limit of 10 MB" in json.loads(raw)["error"]
+    # Without a Content-Length (chunked), the server counts the bytes as they arrive.
+    parts = urlsplit(server.url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        chunks = (b"x" * 2**20 for _ in range(12))
+        connection.request(
+            "POST", "/classify", body=chunks, headers={"Content-Type": "application/json"}, encode_chunked=True
+        )
+        response = connection.getresponse()
+        assert response.status == 413
+        assert "larger than the limit" in json.loads(response.read())["error"]
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed while we were still sending: also a refusal
+    finally:
+        connection.close()
+
+
+def test_media_types(server):
+    status, _, raw = server.request("POST", "/classify", b"a=b", {"Content-Type": "multipart/form-data; boundary=x"})
+    assert status == 415 and "must be JSON" in json.loads(raw)["error"]
+    # curl -d labels JSON as a form: it is still read as JSON.
+    body = json.dumps({"documents": [REVIEWS[0]], "explain": False}).encode()
+    status, _, raw = server.request("POST", "/classify", body, {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and json.loads(raw)["results"][0]["label"] in ("neg", "pos")
+    status, _, _ = server.request("GET", "/classify")
+    assert status == 405
+
+
+def test_bad_input_leaves_no_traceback_in_the_server_log(server):
+    before = len(server.log())
+    for _, body, _, _ in BAD_BODIES:
+        server.request("POST", "/classify", body, {"Content-Type": "application/json"})
+    classify(server, [REVIEWS[1]])  # and the service still works
+    assert "Traceback" not in server.log()[before:]
+
+
+# ------------------------------------------------------------------------------------------
+# Concurrency and batching
+# ------------------------------------------------------------------------------------------
+
+
+def _metric(server: ServiceServer, name: str) -> float:
+    _, _, body = server.request("GET", "/metrics")
+    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", body.decode(), re.MULTILINE))
+
+
+def test_concurrent_requests_get_the_same_answers_as_sequential_ones_and_are_batched(server):
+    requests = [
+        (
+            [REVIEWS[i % len(REVIEWS)], REVIEWS[(3 * i + 1) % len(REVIEWS)] + " " + REVIEWS[i % 7]] * (1 + i % 4),
+            i % 3 != 0,
+        )
+        for i in range(64)
+    ]
+    sequential = [classify(server, documents, explain) for documents, explain in requests]
+    requests_before = _metric(server, "han_batch_requests_sum")
+    batches_before = _metric(server, "han_batch_requests_count")
+
+    barrier = threading.Barrier(32)
+
+    def send(i: int) -> list[dict]:
+        if i < 32:
+            barrier.wait(timeout=30)  # the first wave starts together
+        return classify(server, *requests[i])
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        concurrent = list(pool.map(send, range(len(requests))))
+
+    for got, expected in zip(concurrent, sequential, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a["label"] == b["label"] and a["labels"] == b["labels"]
+            assert a["scores"] == pytest.approx(b["scores"], abs=1e-5)
+            assert ("sentences" in a) == ("sentences" in b)
+            if "sentences" in a:
+                assert [w["text"] for s in a["sentences"] for w in s["words"]] == [
+                    w["text"] for s in b["sentences"] for w in s["words"]
+                ]
+                assert [w["weight"] for s in a["sentences"] for w in s["words"]] == pytest.approx(
+                    [w["weight"] for s in b["sentences"] for w in s["words"]], abs=1e-5
+                )
+    served = _metric(server, "han_batch_requests_sum") - requests_before
+    batches = _metric(server, "han_batch_requests_count") - batches_before
+    assert served == len(requests)
+    assert batches < served, "concurrent requests were never gathered into one model call"
+
+
+# ------------------------------------------------------------------------------------------
+# Fuzzing the OpenAPI schema
+# ------------------------------------------------------------------------------------------
+
+
+def test_schemathesis_finds_no_server_error(server, tmp_path):
+    """Property-based requests generated from /docs.json: no 5xx, and 200s match the schema."""
+    command = [
+        str(Path(sys.executable).parent / "schemathesis"),
+        "run",
+        f"{server.url}/docs.json",
+        "--checks",
+        "not_a_server_error,response_schema_conformance,content_type_conformance",
+        "--max-examples",
+        "150",
+        "--seed",
+        "20240501",
+        "--workers",
+        "2",
+        "--request-timeout",
+        "30",
+        "--generation-database",
+        "none",
+        "--no-color",
+        "--exclude-path-regex",
+        "^/(metrics|livez|readyz|healthz)$",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    generated = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
+    assert generated and generated[1] == generated[2] and int(generated[1]) >= 100, done.stdout[-3000:]
+    assert re.search(r"Operations:\s+3 selected", done.stdout), done.stdout[-3000:]  # /classify, /model and /
+    assert "Traceback" not in server.log()

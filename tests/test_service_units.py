@@ -1,0 +1,138 @@
+"""In-process pieces of the service: the cross-request batcher and the JSON rendering (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+import han
+from service.service import DocumentResult, RequestBatcher, render, served_model_tag
+from tests.service_server import tiny_model_dir_quickly
+from tests.tiny_model import read_jsonl
+
+
+def test_batcher_runs_a_lone_request_at_once_and_gathers_the_ones_that_wait():
+    batches: list[list[int]] = []
+
+    def run(requests: list[int]) -> list[int]:
+        batches.append(list(requests))
+        time.sleep(0.05)  # the model is busy: requests arriving now wait for the next batch
+        return [2 * r for r in requests]
+
+    async def scenario() -> tuple[list[int], float]:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run)
+        started = time.perf_counter()
+        first = asyncio.create_task(batcher(0))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.create_task(batcher(i)) for i in range(1, 10)]
+        results = await asyncio.gather(first, *rest)
+        return results, time.perf_counter() - started
+
+    results, elapsed = asyncio.run(scenario())
+    assert results == [2 * i for i in range(10)]
+    assert batches == [[0], list(range(1, 10))]
+    assert elapsed < 0.5
+
+
+def test_batcher_caps_a_batch_by_items_but_never_splits_a_request():
+    batches: list[list[list[str]]] = []
+
+    def run(requests: list[list[str]]) -> list[int]:
+        batches.append(requests)
+        time.sleep(0.02)
+        return [len(r) for r in requests]
+
+    async def scenario() -> list[int]:
+        batcher: RequestBatcher[list[str], int] = RequestBatcher(run, size=len, max_items=4)
+        blocker = asyncio.create_task(batcher(["x"]))
+        await asyncio.sleep(0.005)
+        waiting = [asyncio.create_task(batcher(["a"] * n)) for n in (2, 2, 3, 6, 1)]
+        return await asyncio.gather(blocker, *waiting)
+
+    assert asyncio.run(scenario()) == [1, 2, 2, 3, 6, 1]
+    sizes = [[len(r) for r in batch] for batch in batches]
+    assert sizes == [[1], [2, 2], [3], [6], [1]]  # in arrival order; the 6-item request goes alone
+
+
+def test_batcher_gives_each_caller_its_own_error():
+    def run(requests: list[int]) -> list[int | BaseException]:
+        if -1 in requests:
+            raise RuntimeError("the whole batch failed")
+        return [ValueError(f"bad {r}") if r % 2 else r for r in requests]
+
+    async def scenario() -> list[object]:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run)
+        calls = [batcher(i) for i in (0, 1, 2, 3)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert results[0] == 0 and results[2] == 2
+    assert isinstance(results[1], ValueError) and str(results[1]) == "bad 1"
+    assert isinstance(results[3], ValueError)
+
+    async def failing() -> list[object]:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run)
+        out = await asyncio.gather(batcher(-1), return_exceptions=True)
+        return [*out, await batcher(4)]  # the batcher keeps working after a failed batch
+
+    failed, after = asyncio.run(failing())
+    assert isinstance(failed, RuntimeError)
+    assert after == 4
+
+
+def test_batcher_drops_callers_that_went_away():
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def run(requests: list[int]) -> list[int]:
+        seen.extend(requests)
+        gate.wait(5)
+        return requests
+
+    async def scenario() -> int:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run)
+        first = asyncio.create_task(batcher(1))
+        await asyncio.sleep(0.02)
+        gone = asyncio.create_task(batcher(2))
+        kept = asyncio.create_task(batcher(3))
+        await asyncio.sleep(0.02)
+        gone.cancel()  # e.g. the client disconnected while waiting
+        gate.set()
+        await first
+        return await kept
+
+    assert asyncio.run(scenario()) == 3
+    assert seen == [1, 3]
+
+
+def test_render_is_a_document_result_with_the_predictions_numbers(request: pytest.FixtureRequest):
+    predictor = han.Predictor(han.SavedModel.load(tiny_model_dir_quickly(request)))
+    texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
+    for explain in (True, False):
+        for text, prediction in zip(texts, predictor.predict(texts, explain=explain), strict=True):
+            rendered = render(prediction)
+            assert rendered.isascii()
+            data = json.loads(rendered)
+            DocumentResult.model_validate(data)
+            assert data["label"] == prediction.label and data["labels"] == prediction.labels
+            assert data["scores"] == pytest.approx(prediction.scores, abs=1e-6)
+            assert data["truncated"] is prediction.truncated
+            assert ("sentences" in data) is explain
+            if explain:
+                words = [w for s in data["sentences"] for w in s["words"]]
+                expected = [w for s in prediction.sentences for w in s.words]
+                spans = [(w.text, w.start, w.end) for w in expected]
+                assert [(w["text"], w["start"], w["end"]) for w in words] == spans
+                assert [w["weight"] for w in words] == pytest.approx([w.weight for w in expected], abs=1e-6)
+                assert all(text[w["start"] : w["end"]] == w["text"] for w in words)
+
+
+def test_served_model_tag_prefers_the_environment(monkeypatch):
+    monkeypatch.setenv("HAN_MODEL_TAG", "something:v1")
+    assert served_model_tag() == "something:v1"
+    monkeypatch.delenv("HAN_MODEL_TAG")
+    assert served_model_tag() == "han-imdb:latest"  # not inside a built bento
