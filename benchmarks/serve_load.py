@@ -40,6 +40,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from service.run import wait_ready
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
 
@@ -126,17 +128,10 @@ class Server:
         )
 
     def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"the server exited ({self.process.returncode}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.25)
+        if wait_ready(self.url, self.process, timeout):
+            return
+        if self.process.poll() is not None:
+            raise SystemExit(f"the server exited ({self.process.returncode}); see {self.log_path}")
         raise SystemExit(f"the server was not ready in {timeout} s; see {self.log_path}")
 
     def processes(self) -> list[int]:

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from service.run import wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_MODEL_NAME = "han-test"
@@ -106,17 +107,10 @@ class ServiceServer:
         return server
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log()[-4000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
+        if wait_ready(self.url, self.process, timeout):
+            return
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log()[-4000:]}")
         raise TimeoutError(f"the server was not ready after {timeout} s:\n{self.log()[-4000:]}")
 
     def log(self) -> str:
