@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -143,23 +144,34 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: 
             "--trainer.enable_progress_bar", "false"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    import torch
+
     last = root / "checkpoints" / "last.ckpt"
+
+    def saved_epoch() -> int:
+        try:
+            return int(torch.load(last, map_location="cpu", weights_only=False)["epoch"])
+        except Exception:  # not written yet, or being written
+            return -1
+
     deadline = time.monotonic() + 120
-    while not last.exists() and time.monotonic() < deadline and proc.poll() is None:
+    # Kill it once a few epochs are saved, so that a restart from scratch could not pass below.
+    while saved_epoch() < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    time.sleep(1.0)  # let it get a few more epochs in, then kill it mid-run
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert last.exists() and not (root / "model").exists()
-    import torch
-
     killed_at = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
-    assert killed_at < 399
+    assert 2 <= killed_at < 399
     done = subprocess.run([*args[:-4], "--trainer.max_epochs", str(killed_at + 3), "--ckpt_path", "last",
                            "--trainer.enable_progress_bar", "false"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Restoring states from the checkpoint path at {last}" in done.stderr + done.stdout
-    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == killed_at + 2
+    # The resumed process logged only epochs from the checkpoint on: it did not start again from 0.
+    newest_log = max((root / "csv").glob("version_*/metrics.csv"), key=lambda p: p.stat().st_mtime)
+    resumed_epochs = {int(r["epoch"]) for r in csv.DictReader(newest_log.open()) if r["epoch"]}
+    assert min(resumed_epochs) >= killed_at, resumed_epochs
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] > killed_at
     assert SavedModel.load(root / "model").labels == ["neg", "pos"]
