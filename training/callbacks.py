@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info
@@ -101,15 +100,14 @@ class ExportModel(pl.Callback):
             "test_data": data.hparams.test,
             "epochs": trainer.current_epoch,
             "checkpoint": path or None,
-            "hyperparameters": {k: v for k, v in pl_module.hparams.items()},
+            "hyperparameters": dict(pl_module.hparams),
         }
         return SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
 
     @staticmethod
     def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:
         encoded = data.splits[split]
-        documents = [(ids.astype(np.int64), lengths.astype(np.int64)) for ids, lengths in encoded.documents]
-        report = evaluate(Predictor(saved, batch_size=256), documents, encoded.targets.numpy())
+        report = evaluate(Predictor(saved, batch_size=256), encoded.documents, encoded.targets.numpy())
         title = f"{saved.metadata.get('name') or 'model'} on {split} ({report['documents']} documents)"
         write_report(report, directory, title)
         rank_zero_info(f"\n{title}\n{report['text']}\nreport written to {directory}")

@@ -241,7 +241,8 @@ class HANDataModule(pl.LightningDataModule):
         if limit is not None:
             raw = raw.select(range(min(limit, len(raw))))
         raw = raw.select_columns([hp.text_column, hp.label_column])
-        cache = Path(hp.cache_dir) / f"{split}-{self._cache_key(source, raw, limit)}.arrow"
+        key = self._cache_key(source, raw, limit)
+        cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
         cache.parent.mkdir(parents=True, exist_ok=True)
         segmenter = Segmenter(self.segmenter_config)
         text_column, label_column = hp.text_column, hp.label_column
@@ -259,7 +260,6 @@ class HANDataModule(pl.LightningDataModule):
                 targets.append(self._label_strings(label, split, source))
             return {"keys": keys, "target": targets}
 
-        key = self._cache_key(source, raw, limit)
         result = raw.map(
             tokenise, batched=True, batch_size=1000, remove_columns=raw.column_names,
             cache_file_name=str(cache), load_from_cache_file=True, new_fingerprint=key, desc=f"Tokenising {split}",
