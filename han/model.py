@@ -84,33 +84,58 @@ def _gather_steps(x: Tensor, index: Tensor) -> Tensor:
     return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
+def _mask(lengths: Tensor, steps: int) -> Tensor:
+    """[rows, steps], True on the first ``length`` positions of each row."""
+    return torch.arange(steps, device=lengths.device) < lengths.unsqueeze(1)
+
+
+def length_blocks(order: Tensor, rows_per_block: int = 256, max_blocks: int = 8) -> tuple[Tensor, ...]:
+    """Split row indices sorted by length into contiguous blocks that run dense in training."""
+    return torch.tensor_split(order, max(1, min(max_blocks, len(order) // rows_per_block)))
+
+
 class BiGRU(nn.Module):
     """A bidirectional GRU over right-padded sequences of different lengths (at least 1).
 
     The backward direction reads each sequence reversed within its own length, so padding never
     reaches a real position. Without gradients the sequences are packed (no compute on padding,
-    fastest for inference); with gradients they are sorted into a few buckets of similar length
+    fastest for inference); with gradients they are sorted into a few blocks of similar length
     and run dense (little padding, and several times faster to back-propagate on a CPU than
     packed sequences). Both give the same outputs.
     """
 
-    def __init__(self, input_dim: int, hidden: int, buckets: int = 4) -> None:
+    def __init__(self, input_dim: int, hidden: int) -> None:
         super().__init__()
         self.forward_rnn = nn.GRU(input_dim, hidden, batch_first=True)
         self.backward_rnn = nn.GRU(input_dim, hidden, batch_first=True)
-        self.buckets = buckets
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length."""
         steps = x.shape[1]
         if not torch.is_grad_enabled():
             return self._packed_bidirectional(x, lengths)
-        reverse = _reverse_within(lengths, steps)
-        x_reversed = _gather_steps(x, reverse)
-        h_forward, h_backward = self._dense_buckets(x, x_reversed, lengths)
-        h = torch.cat([h_forward, _gather_steps(h_backward, reverse)], dim=-1)
-        mask = torch.arange(steps, device=x.device) < lengths.unsqueeze(1)
-        return h * mask.unsqueeze(-1)
+        order = torch.argsort(lengths)
+        outputs = []
+        for rows in length_blocks(order):
+            block_lengths = lengths[rows]
+            width = int(block_lengths.max())
+            block = x[rows, :width]
+            reverse = _reverse_within(block_lengths, width)
+            h = self.dense(block, _gather_steps(block, reverse), reverse)
+            outputs.append(nn.functional.pad(h, (0, 0, 0, steps - width)))
+        h = torch.cat(outputs)[torch.argsort(order)]
+        return h * _mask(lengths, steps).unsqueeze(-1)
+
+    def dense(self, x: Tensor, x_reversed: Tensor, reverse: Tensor) -> Tensor:
+        """Both directions run dense over a block of sequences (training).
+
+        ``x_reversed`` is ``x`` with each sequence reversed within its length by the index
+        ``reverse`` (see ``_reverse_within``). Returns [rows, steps, 2*hidden]; positions past a
+        sequence's length hold arbitrary finite values.
+        """
+        forward = self.forward_rnn(x)[0]
+        backward = _gather_steps(self.backward_rnn(x_reversed)[0], reverse)
+        return torch.cat([forward, backward], dim=-1)
 
     def _packed_bidirectional(self, x: Tensor, lengths: Tensor) -> Tensor:
         """Inference: both directions in one packed bidirectional GRU call (PyTorch reverses each
@@ -126,17 +151,6 @@ class BiGRU(nn.Module):
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out = torch.func.functional_call(self.__dict__["_bidirectional"], params, (packed,))[0]
         return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
-
-    def _dense_buckets(self, x: Tensor, x_reversed: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        hidden = self.forward_rnn.hidden_size
-        h_forward = x.new_zeros(x.shape[0], x.shape[1], hidden)
-        h_backward = x.new_zeros(x.shape[0], x.shape[1], hidden)
-        buckets = max(1, min(self.buckets, x.shape[0] // 64))
-        for rows in torch.tensor_split(torch.argsort(lengths), buckets):
-            width = int(lengths[rows].max())
-            h_forward[rows, :width] = self.forward_rnn(x[rows, :width])[0]
-            h_backward[rows, :width] = self.backward_rnn(x_reversed[rows, :width])[0]
-        return h_forward, h_backward
 
 
 class HAN(nn.Module):
@@ -160,10 +174,7 @@ class HAN(nn.Module):
         if self.training and self.config.word_dropout > 0:
             dropped = torch.rand(words.shape, device=words.device) < self.config.word_dropout
             words = torch.where(dropped & (words != 0), torch.ones_like(words), words)  # 1 = <unk>
-        x = self.embedding(words)
-        h = self.word_rnn(x, sentence_lengths)
-        word_mask = torch.arange(max_words, device=words.device) < sentence_lengths.unsqueeze(1)
-        sentence_vectors, word_weights = self.word_attention(h, word_mask)
+        sentence_vectors, word_weights = self._sentence_vectors(words, sentence_lengths)
 
         # Sentence vectors grouped per document -> document vectors.
         docs, max_sentences = document_lengths.shape[0], int(document_lengths.max())
@@ -173,13 +184,41 @@ class HAN(nn.Module):
         grouped = sentence_vectors.new_zeros(docs, max_sentences, sentence_vectors.shape[1])
         grouped[doc_index, position] = sentence_vectors
         g = self.sentence_rnn(grouped, document_lengths)
-        sentence_mask = torch.arange(max_sentences, device=words.device) < document_lengths.unsqueeze(1)
-        document_vectors, sentence_weights = self.sentence_attention(g, sentence_mask)
+        document_vectors, sentence_weights = self.sentence_attention(g, _mask(document_lengths, max_sentences))
 
         logits = self.head(self.dropout(document_vectors))
         word_grid = word_weights.new_zeros(docs, max_sentences, max_words)
         word_grid[doc_index, position] = word_weights
         return HANOutput(logits, word_grid, sentence_weights)
+
+    def _sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Words -> one vector per sentence [sentences, 2*word_hidden] and word weights [sentences, max_words]."""
+        if not torch.is_grad_enabled():
+            h = self.word_rnn(self.embedding(words), lengths)
+            return self.word_attention(h, _mask(lengths, words.shape[1]))
+        # Training: sentences sorted into blocks of similar length, each run dense to its own width
+        # and attended on its own. The backward direction's reversal is done on word ids and all
+        # blocks share one embedding lookup, so no gradient is scattered into a padded full-batch
+        # tensor (on a CPU that zero-filling cost about a third of a training step).
+        order = torch.argsort(lengths)
+        blocks = []
+        for rows in length_blocks(order):
+            block_lengths = lengths[rows]
+            width = int(block_lengths.max())
+            ids = words[rows, :width]
+            reverse = _reverse_within(block_lengths, width)
+            blocks.append((block_lengths, reverse, ids, torch.gather(ids, 1, reverse)))
+        ids = [t for *_, forward, backward in blocks for t in (forward, backward)]
+        embedded = self.embedding(torch.cat([t.reshape(-1) for t in ids])).split([t.numel() for t in ids])
+        vectors, weights = [], []
+        for k, (block_lengths, reverse, block_ids, _) in enumerate(blocks):
+            x, x_reversed = (e.view(*block_ids.shape, -1) for e in embedded[2 * k : 2 * k + 2])
+            h = self.word_rnn.dense(x, x_reversed, reverse)
+            v, w = self.word_attention(h, _mask(block_lengths, block_ids.shape[1]))
+            vectors.append(v)
+            weights.append(nn.functional.pad(w, (0, words.shape[1] - w.shape[1])))
+        inverse = torch.argsort(order)
+        return torch.cat(vectors)[inverse], torch.cat(weights)[inverse]
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Label scores: sigmoid per label for multi-label models, softmax otherwise."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from han import HAN, HANConfig, collate
+from han.model import BiGRU, length_blocks
 from tests.tiny_model import train_tiny_model
 
 
@@ -77,3 +78,20 @@ def test_training_and_inference_recurrence_paths_agree() -> None:
     torch.testing.assert_close(dense.logits, packed.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(dense.word_weights, packed.word_weights, atol=1e-5, rtol=0)
     torch.testing.assert_close(dense.sentence_weights, packed.sentence_weights, atol=1e-5, rtol=0)
+
+
+def test_bigru_blocks_match_packed_and_leave_padding_zero() -> None:
+    """Enough rows for several dense blocks: each row's outputs equal the packed GRU's, zero past its length."""
+    torch.manual_seed(4)
+    rnn = BiGRU(6, 5)
+    lengths = torch.randint(1, 30, (900,))
+    x = torch.randn(900, 30, 6)
+    assert len(length_blocks(torch.argsort(lengths))) > 2
+    with torch.no_grad():
+        packed = rnn(x, lengths)
+    dense = rnn(x, lengths)
+    torch.testing.assert_close(dense, packed, atol=1e-5, rtol=0)
+    padding = torch.arange(30) >= lengths.unsqueeze(1)
+    assert dense[padding].abs().max() == 0
+    dense.sum().backward()
+    assert rnn.backward_rnn.weight_ih_l0.grad is not None and rnn.backward_rnn.weight_ih_l0.grad.abs().sum() > 0

@@ -75,7 +75,8 @@ def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # All cores unless OMP_NUM_THREADS says otherwise (torch's own default can be fewer than the cores).
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     try:
         HANCLI(
             HANClassifier,
