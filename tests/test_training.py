@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 
 from han import Predictor, SavedModel
@@ -81,6 +82,22 @@ def test_fit_registers_the_model_in_the_bentoml_store_with_its_metrics(tmp_path:
     assert info.metadata["metrics"]["test"]["accuracy"] == saved.metadata["metrics"]["test"]["accuracy"]
 
 
+def test_weight_averaging_from_the_command_line_exports_the_averaged_weights(tmp_path: Path) -> None:
+    """The README's EMA recipe: the exported model holds the averaged weights, not the last ones."""
+    import torch
+
+    root = fit(tmp_path, "--trainer.max_epochs", "6",
+               "--trainer.callbacks+=pytorch_lightning.callbacks.EMAWeightAveraging",
+               "--trainer.callbacks.decay", "0.9", "--trainer.callbacks.update_starting_at_step", "2")
+    best = next(p for p in (root / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+    checkpoint = torch.load(best, weights_only=False)
+    averaged = checkpoint["state_dict"]["net.embedding.weight"]
+    current = checkpoint["current_model_state"]["net.embedding.weight"]
+    assert not torch.allclose(averaged, current)
+    exported = SavedModel.load(root / "model").model.state_dict()["embedding.weight"]
+    torch.testing.assert_close(exported, averaged)
+
+
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")
@@ -88,6 +105,26 @@ def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     assert set(saved.metadata["metrics"]["test"]) == {"micro_f1", "macro_f1", "exact_match"}
     report = json.loads((root / "report" / "test" / "metrics.json").read_text())
     assert set(report["per_label_f1"]) == {"crude", "grain", "interest"}
+
+
+def test_multi_label_threshold_is_tuned_on_validation_unless_given(tmp_path: Path) -> None:
+    from training.report import evaluate
+
+    root = fit(tmp_path / "tuned", "--data.label_column", "labels", "--data.multi_label", "true",
+               "--trainer.max_epochs", "4", data=TOPICS)  # short: not yet perfect on its data
+    saved = SavedModel.load(root / "model")
+    assert saved.metadata["threshold_from"] == "best micro-F1 on the validation split"
+    encoded = [json.loads(line) for line in TOPICS.read_text().splitlines()]
+    predictor = Predictor(saved)
+    documents = [predictor.encode(s) for s in predictor.segment([r["text"] for r in encoded])]
+    truth = np.array([[label in r["labels"] for label in saved.labels] for r in encoded])
+    tuned = evaluate(predictor, documents, truth)["micro_f1"]
+    saved.threshold = 0.5
+    assert tuned >= evaluate(Predictor(saved), documents, truth)["micro_f1"]
+
+    root = fit(tmp_path / "fixed", "--data.label_column", "labels", "--data.multi_label", "true",
+               "--trainer.max_epochs", "4", "--export.threshold", "0.3", data=TOPICS)
+    assert SavedModel.load(root / "model").threshold == 0.3
 
 
 def test_integer_labels_are_read_as_class_names(tmp_path: Path) -> None:

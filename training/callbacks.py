@@ -14,7 +14,7 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from han.predict import Predictor
 from han.saved_model import SavedModel
-from training.report import evaluate, headline, write_report
+from training.report import best_threshold, evaluate, headline, write_report
 
 
 class Throughput(pl.Callback):
@@ -48,12 +48,18 @@ class ExportModel(pl.Callback):
         name: the BentoML model name; by default ``han-<config file name>``.
         register: register the model in the BentoML model store.
         output_dir: where the model directory and report go; by default ``<default_root_dir>``.
+        threshold: multi-label decision threshold; by default the one with the best micro-F1 on
+            the validation split (0.05 to 0.95), else 0.5.
     """
 
-    def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None) -> None:
+    def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
+                 threshold: float | None = None) -> None:
+        if threshold is not None and not 0 < threshold < 1:
+            raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
         self.name = name
         self.register = register
         self.output_dir = output_dir
+        self.threshold = threshold
         self.tag: str | None = None
 
     def _root(self, trainer: pl.Trainer) -> Path:
@@ -68,6 +74,9 @@ class ExportModel(pl.Callback):
         best_score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
         if best_score is not None:
             metrics["validation_score"] = round(float(best_score), 4)
+        if saved.model.config.multi_label:
+            saved.threshold = self.threshold or self._tuned_threshold(saved, data)
+            rank_zero_info(f"multi-label decision threshold: {saved.threshold}")
         for split in ("validation", "test"):
             if split in data.splits:
                 report = self._report(saved, data, split, self._root(trainer) / "report" / split)
@@ -103,6 +112,13 @@ class ExportModel(pl.Callback):
             "hyperparameters": dict(pl_module.hparams),
         }
         return SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
+
+    @staticmethod
+    def _tuned_threshold(saved: SavedModel, data: Any) -> float:
+        encoded = data.splits["validation"]
+        threshold = best_threshold(Predictor(saved, batch_size=256), encoded.documents, encoded.targets.numpy())
+        saved.metadata["threshold_from"] = "best micro-F1 on the validation split"
+        return threshold
 
     @staticmethod
     def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:

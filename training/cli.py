@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,6 +78,9 @@ def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
     # All cores unless OMP_NUM_THREADS says otherwise (torch's own default can be fewer than the cores).
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
+    # The HAN is small and never sharded, so Lightning's caution for weight averaging with a
+    # configure_model hook (EMAWeightAveraging, see the README) does not apply.
+    warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that overrides")
     try:
         HANCLI(
             HANClassifier,
