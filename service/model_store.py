@@ -58,10 +58,11 @@ def load(ref: str | Path) -> SavedModel:
 
 
 def _json_safe(value: Any) -> Any:
+    """Metadata BentoML accepts: basic types only, so unset (None) entries are left out."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): _json_safe(v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [_json_safe(v) for v in value if v is not None]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)

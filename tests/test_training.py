@@ -98,6 +98,17 @@ def test_weight_averaging_from_the_command_line_exports_the_averaged_weights(tmp
     torch.testing.assert_close(exported, averaged)
 
 
+def test_a_run_without_test_data_registers_its_validation_metrics(tmp_path: Path) -> None:
+    """`--data.test null` leaves unset entries in the metadata; registration must still work."""
+    fit(tmp_path, "--data.test", "null", "--export.register", "true", "--export.name", "han-no-test")
+    import bentoml
+
+    info = bentoml.models.get("han-no-test:latest").info
+    assert "validation" in info.metadata["metrics"] and "test" not in info.metadata["metrics"]
+    assert "test_data" not in info.metadata
+    assert model_store.load("han-no-test:latest").metadata["test_data"] is None
+
+
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")
