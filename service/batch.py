@@ -556,6 +556,12 @@ class WorkerPool:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # a clean interpreter: no inherited threads or torch state
+        # multiprocessing's resource tracker (a process started with the first queue, inheriting
+        # this environment) warns at exit about a queue semaphore that a worker killed while still
+        # importing had registered, then finds it already removed: noise on the user's terminal,
+        # not a leak.
+        quiet = "ignore:resource_tracker:UserWarning"
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
         self.size = n
         self.ready = 0  # workers that have loaded the model
         self.in_flight = 0  # tasks submitted and not yet returned
