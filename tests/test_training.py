@@ -109,6 +109,18 @@ def test_a_run_without_test_data_registers_its_validation_metrics(tmp_path: Path
     assert model_store.load("han-no-test:latest").metadata["test_data"] is None
 
 
+def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> None:
+    root = fit(tmp_path)
+    main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+          "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
+    lines = rows(root / "predictions" / "test.jsonl")
+    truth = [r["label"] for r in rows(REVIEWS)]
+    assert [line["row"] for line in lines] == list(range(len(truth)))
+    assert all(set(line["scores"]) == {"neg", "pos"} and line["labels"] == [line["label"]] for line in lines)
+    # the smoke model fits its data: rows out of order would score near chance
+    assert sum(line["label"] == t for line, t in zip(lines, truth, strict=True)) >= 0.9 * len(truth)
+
+
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")

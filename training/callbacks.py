@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.utilities import rank_zero_info
 
 from han.predict import Predictor
@@ -128,3 +130,31 @@ class ExportModel(pl.Callback):
         write_report(report, directory, title)
         rank_zero_info(f"\n{title}\n{report['text']}\nreport written to {directory}")
         return report
+
+
+class PredictionWriter(BasePredictionWriter):
+    """``han-train predict`` writes ``<default_root_dir>/predictions/<split>.jsonl``: one line per
+    document of the predict split (test, else validation), in input order, with its label(s) and
+    the score of every label."""
+
+    def __init__(self) -> None:
+        super().__init__(write_interval="epoch")
+
+    def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Any,
+                           batch_indices: Any) -> None:
+        if not trainer.is_global_zero or not predictions:
+            return
+        data = trainer.datamodule
+        split, labels = data.predict_split, list(data.label_names)
+        probs = torch.cat(list(predictions)).tolist()
+        path = Path(trainer.default_root_dir) / "predictions" / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as out:
+            for row, scores in enumerate(probs):
+                top = labels[max(range(len(scores)), key=scores.__getitem__)]
+                over = [label for label, p in zip(labels, scores, strict=True) if p >= 0.5]
+                chosen = over if data.multi_label else [top]
+                record = {"row": row, "label": top, "labels": chosen,
+                          "scores": {label: round(p, 6) for label, p in zip(labels, scores, strict=True)}}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        rank_zero_info(f"{len(probs)} predictions written to {path}")

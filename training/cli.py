@@ -45,6 +45,7 @@ class HANCLI(LightningCLI):
                 {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor",
                  "init_args": {"logging_interval": "epoch"}},
                 {"class_path": "training.callbacks.Throughput"},
+                {"class_path": "training.callbacks.PredictionWriter"},
             ],
         })
 

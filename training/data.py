@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, SequentialSampler
 
 from han.batch import Batch, collate_flat
 from han.segment import Segmenter, SegmenterConfig
@@ -214,8 +214,16 @@ class HANDataModule(pl.LightningDataModule):
             raise DataError("no test data: set data.test in the config or with --data.test PATH")
         return self._eval_loader("test")
 
+    @property
+    def predict_split(self) -> str:
+        """What ``han-train predict`` scores: the test split, else validation."""
+        self.setup()
+        return "test" if "test" in self.splits else "validation"
+
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader("test" if "test" in self.splits else "validation")
+        # In input order (no length sorting), so that predictions line up with the file's rows.
+        data = self.splits[self.predict_split]
+        return self._loader(data, BatchSampler(SequentialSampler(data), self.hparams.eval_batch_size, drop_last=False))
 
     def _eval_loader(self, split: str) -> DataLoader:
         data = self.splits[split]
