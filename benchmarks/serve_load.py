@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from service.run import wait_ready
+from service.run import stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
@@ -166,12 +166,7 @@ class Server:
 
     def stop(self) -> None:
         pids = self.processes()
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        stop_process_group(self.process, timeout=30)
         for pid in pids[1:]:  # a worker the server did not take down with it (checked: still ours)
             with contextlib.suppress(OSError):
                 if self.service.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():

@@ -89,9 +89,27 @@ def _mask(lengths: Tensor, steps: int) -> Tensor:
     return torch.arange(steps, device=lengths.device) < lengths.unsqueeze(1)
 
 
-def length_blocks(order: Tensor, rows_per_block: int = 256, max_blocks: int = 8) -> tuple[Tensor, ...]:
-    """Split row indices sorted by length into contiguous blocks that run dense in training."""
-    return torch.tensor_split(order, max(1, min(max_blocks, len(order) // rows_per_block)))
+class Block(NamedTuple):
+    """Rows of similar length that run dense together in training."""
+
+    rows: Tensor  # indices into the batch
+    lengths: Tensor  # their lengths
+    reverse: Tensor  # [rows, width] index reversing each row within its length (``_reverse_within``)
+
+    @property
+    def width(self) -> int:
+        return self.reverse.shape[1]
+
+
+def length_blocks(lengths: Tensor, rows_per_block: int = 256, max_blocks: int = 8) -> tuple[Tensor, list[Block]]:
+    """Rows sorted by length and cut into contiguous blocks, plus the index that puts the blocks'
+    concatenated rows back in batch order."""
+    order = torch.argsort(lengths)
+    blocks = []
+    for rows in torch.tensor_split(order, max(1, min(max_blocks, len(order) // rows_per_block))):
+        block_lengths = lengths[rows]
+        blocks.append(Block(rows, block_lengths, _reverse_within(block_lengths, int(block_lengths.max()))))
+    return torch.argsort(order), blocks
 
 
 class BiGRU(nn.Module):
@@ -114,16 +132,13 @@ class BiGRU(nn.Module):
         steps = x.shape[1]
         if not torch.is_grad_enabled():
             return self._packed_bidirectional(x, lengths)
-        order = torch.argsort(lengths)
+        restore, blocks = length_blocks(lengths)
         outputs = []
-        for rows in length_blocks(order):
-            block_lengths = lengths[rows]
-            width = int(block_lengths.max())
-            block = x[rows, :width]
-            reverse = _reverse_within(block_lengths, width)
-            h = self.dense(block, _gather_steps(block, reverse), reverse)
-            outputs.append(nn.functional.pad(h, (0, 0, 0, steps - width)))
-        h = torch.cat(outputs)[torch.argsort(order)]
+        for block in blocks:
+            x_block = x[block.rows, : block.width]
+            h = self.dense(x_block, _gather_steps(x_block, block.reverse), block.reverse)
+            outputs.append(nn.functional.pad(h, (0, 0, 0, steps - block.width)))
+        h = torch.cat(outputs)[restore]
         return h * _mask(lengths, steps).unsqueeze(-1)
 
     def dense(self, x: Tensor, x_reversed: Tensor, reverse: Tensor) -> Tensor:
@@ -200,25 +215,18 @@ class HAN(nn.Module):
         # and attended on its own. The backward direction's reversal is done on word ids and all
         # blocks share one embedding lookup, so no gradient is scattered into a padded full-batch
         # tensor (on a CPU that zero-filling cost about a third of a training step).
-        order = torch.argsort(lengths)
-        blocks = []
-        for rows in length_blocks(order):
-            block_lengths = lengths[rows]
-            width = int(block_lengths.max())
-            ids = words[rows, :width]
-            reverse = _reverse_within(block_lengths, width)
-            blocks.append((block_lengths, reverse, ids, torch.gather(ids, 1, reverse)))
-        ids = [t for *_, forward, backward in blocks for t in (forward, backward)]
-        embedded = self.embedding(torch.cat([t.reshape(-1) for t in ids])).split([t.numel() for t in ids])
+        restore, blocks = length_blocks(lengths)
+        ids = [words[block.rows, : block.width] for block in blocks]
+        both_ways = [t for block, i in zip(blocks, ids, strict=True) for t in (i, torch.gather(i, 1, block.reverse))]
+        embedded = self.embedding(torch.cat([t.reshape(-1) for t in both_ways])).split([t.numel() for t in both_ways])
         vectors, weights = [], []
-        for k, (block_lengths, reverse, block_ids, _) in enumerate(blocks):
-            x, x_reversed = (e.view(*block_ids.shape, -1) for e in embedded[2 * k : 2 * k + 2])
-            h = self.word_rnn.dense(x, x_reversed, reverse)
-            v, w = self.word_attention(h, _mask(block_lengths, block_ids.shape[1]))
+        for k, block in enumerate(blocks):
+            x, x_reversed = (e.view(*ids[k].shape, -1) for e in embedded[2 * k : 2 * k + 2])
+            h = self.word_rnn.dense(x, x_reversed, block.reverse)
+            v, w = self.word_attention(h, _mask(block.lengths, block.width))
             vectors.append(v)
-            weights.append(nn.functional.pad(w, (0, words.shape[1] - w.shape[1])))
-        inverse = torch.argsort(order)
-        return torch.cat(vectors)[inverse], torch.cat(weights)[inverse]
+            weights.append(nn.functional.pad(w, (0, words.shape[1] - block.width)))
+        return torch.cat(vectors)[restore], torch.cat(weights)[restore]
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Label scores: sigmoid per label for multi-label models, softmax otherwise."""

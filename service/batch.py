@@ -561,7 +561,9 @@ class WorkerPool:
         # importing had registered, then finds it already removed: noise on the user's terminal,
         # not a leak.
         quiet = "ignore:resource_tracker:UserWarning"
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
+        filters = os.environ.get("PYTHONWARNINGS", "")
+        if quiet not in filters.split(","):
+            os.environ["PYTHONWARNINGS"] = f"{filters},{quiet}" if filters else quiet
         self.size = n
         self.ready = 0  # workers that have loaded the model
         self.in_flight = 0  # tasks submitted and not yet returned

@@ -72,6 +72,19 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300)
     return False
 
 
+def stop_process_group(process: subprocess.Popen, timeout: float = 20, sig: int = signal.SIGTERM) -> None:
+    """Signal a process started with ``start_new_session=True`` and its children; SIGKILL them all
+    if it has not exited after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tag = args.tag or default_model_tag()

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from service.run import stop_process_group
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 CHROMIUM_FLAGS = (
@@ -105,13 +106,8 @@ class Browser:
             await self.ws.close()
         if self.session is not None:
             await self.session.close()
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        if self.process is not None:
+            stop_process_group(self.process, timeout=10)
         shutil.rmtree(self.profile, ignore_errors=True)
 
     async def _devtools_port(self, timeout: float = 30) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from service.run import wait_ready
+from service.run import stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_MODEL_NAME = "han-test"
@@ -117,13 +116,7 @@ class ServiceServer:
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        stop_process_group(self.process, timeout=20)
         shutil.rmtree(self.home, ignore_errors=True)
 
     # -- small HTTP client (standard library only) ---------------------------------------------

@@ -86,7 +86,7 @@ def test_bigru_blocks_match_packed_and_leave_padding_zero() -> None:
     rnn = BiGRU(6, 5)
     lengths = torch.randint(1, 30, (900,))
     x = torch.randn(900, 30, 6)
-    assert len(length_blocks(torch.argsort(lengths))) > 2
+    assert len(length_blocks(lengths)[1]) > 2
     with torch.no_grad():
         packed = rnn(x, lengths)
     dense = rnn(x, lengths)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from service.run import stop_process_group
 from tests.service_server import REPO, ServiceServer, base_env, free_port, shared_server, tiny_model_dir_quickly
 
 pytestmark = pytest.mark.slow
@@ -48,13 +48,7 @@ def test_run_serves_a_stored_model_without_training(server, tmp_path):
         text = log.read_text(errors="replace")
         assert "training" not in text.lower()
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        stop_process_group(process, timeout=30, sig=signal.SIGINT)
 
 
 def test_run_refuses_a_missing_model_it_cannot_train(tmp_path):
