@@ -83,7 +83,7 @@ def make_bench_model(data: Path, name: str = "han-bench") -> str:
     import torch
 
     from han import HAN, HANConfig, SavedModel, Segmenter, SegmenterConfig, Vocabulary
-    from service.model_store import register
+    from model_store import register
 
     print(f"registering {name}: vocabulary from {data / 'train.parquet'} ...", flush=True)
     texts = pd.read_parquet(data / "train.parquet", columns=["text"])["text"].tolist()

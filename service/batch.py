@@ -288,8 +288,8 @@ def _run_job(
 
 def _resolve_model(ref: str | None) -> tuple[str, Any]:
     """The model directory and the loaded SavedModel; a bad reference is a one-line BatchError."""
+    import model_store
     from han import ModelDirectoryError
-    from service import model_store
 
     ref = ref or model_store.default_model_tag()
     try:
@@ -524,13 +524,13 @@ class Scorer:
 
     def start(self) -> None:
         """Tell the workers which model to load, and get this process ready to score."""
-        from han import Predictor
+        from han import Pipeline
         from service.batch_worker import tune_process
 
         if self.pool:
             self.pool.configure(self.model_dir, self.options)
         tune_process(self.options.threads)
-        self.predictor = Predictor(
+        self.predictor = Pipeline(
             self.saved, batch_size=self.options.batch_size, max_batch_tokens=self.options.max_batch_tokens
         )
 

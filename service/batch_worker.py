@@ -17,7 +17,6 @@ can spawn its workers first thing and let their imports overlap its own.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import os
 import queue
 import signal
@@ -26,15 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from han import Predictor
-    from han.predict import Prediction
+    from han import Pipeline
 
 # One result per input text, in input order:
 #   (OK, label, labels, scores, truncated, top_sentences, top_words)  scores in the model's label order
 #   (FAILED, reason)
 OK = "ok"
 FAILED = "failed"
-EMPTY_REASON = "the document has no words (only whitespace or markup)"
 
 # Messages from a worker to the parent.
 READY = "ready"  # (READY, -1, pid): the model is loaded
@@ -52,66 +49,22 @@ class ScoringOptions:
     threads: int = 1  # torch intra-op threads in each worker
 
 
-def text_problem(text: object) -> str | None:
-    """Why this input value cannot be scored (the wording the service uses), else None."""
-    from han.predict import document_problem
-
-    if text is None:
-        return "the text is missing (null)"
-    problem = document_problem(text)
-    return f"the document {problem}" if problem else None
-
-
-def score_window(predictor: Predictor, texts: list[Any], options: ScoringOptions) -> list[tuple]:
+def score_window(pipeline: Pipeline, texts: list[Any], options: ScoringOptions) -> list[tuple]:
     """Score a window of raw input values; a bad value gives (FAILED, reason) and never raises."""
-    results: list[tuple | None] = [None] * len(texts)
-    valid: list[int] = []
-    for i, text in enumerate(texts):
-        problem = text_problem(text)
-        if problem:
-            results[i] = (FAILED, problem)
+    from han import DocumentError, TopK
+    from han.results import span_records
+
+    explain = TopK(options.top_sentences, options.top_words) if options.explain else None
+    results = []
+    for r in pipeline(texts, explain=explain, errors="return"):
+        if isinstance(r, DocumentError):
+            results.append((FAILED, r.reason))
         else:
-            valid.append(i)
-    kept: list[int] = []
-    segments = []
-    for i, segment in zip(valid, predictor.segmenter.segment_many(texts[i] for i in valid), strict=True):
-        if segment.is_empty:
-            results[i] = (FAILED, EMPTY_REASON)
-        else:
-            kept.append(i)
-            segments.append(segment)
-    if segments:
-        predictions = predictor.predict_segments(segments, explain=options.explain)
-        labels = predictor.labels
-        for i, p in zip(kept, predictions, strict=True):
-            top_sentences, top_words = explanation(p, options) if options.explain else (None, None)
-            results[i] = (
-                OK,
-                p.label,
-                p.labels,
-                [p.scores[label] for label in labels],
-                p.truncated,
-                top_sentences,
-                top_words,
-            )
-    return results  # type: ignore[return-value]
-
-
-def explanation(p: Prediction, options: ScoringOptions) -> tuple[list[dict], list[dict]]:
-    """The heaviest sentences, and the heaviest words of the whole document.
-
-    A sentence's weight is its attention weight (they sum to 1 over the document); a word's
-    weight is its sentence's weight times its attention weight within the sentence, so word
-    weights also sum to 1 over the document and compare across sentences.
-    """
-    sentences = p.sentences or []
-    top_s = heapq.nlargest(options.top_sentences, sentences, key=lambda s: s.weight)
-    words = ((s.weight * w.weight, w) for s in sentences for w in s.words)
-    top_w = heapq.nlargest(options.top_words, words, key=lambda pair: pair[0])
-    return (
-        [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight} for s in top_s],
-        [{"text": w.text, "start": w.start, "end": w.end, "weight": weight} for weight, w in top_w],
-    )
+            top_sentences = span_records(r.top_sentences) if r.top_sentences is not None else None
+            top_words = span_records(r.top_words) if r.top_words is not None else None
+            scores = [r.scores[label] for label in pipeline.labels]
+            results.append((OK, r.label, r.labels, scores, r.truncated, top_sentences, top_words))
+    return results
 
 
 def tune_process(threads: int) -> None:
@@ -139,10 +92,10 @@ def tune_process(threads: int) -> None:
             libc.mallopt(m_trim_threshold, 256 << 20)
 
 
-def make_predictor(model_dir: str, options: ScoringOptions) -> Predictor:
-    from han import Predictor, SavedModel
+def make_predictor(model_dir: str, options: ScoringOptions) -> Pipeline:
+    from han import Pipeline, SavedModel
 
-    return Predictor(
+    return Pipeline(
         SavedModel.load(model_dir), batch_size=options.batch_size, max_batch_tokens=options.max_batch_tokens
     )
 

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from service.model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
+from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"

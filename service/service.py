@@ -46,8 +46,8 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 
 import han
-from han import InvalidDocumentError, Prediction
-from service.model_store import MODEL_TAG_ENV, default_model_tag
+from han import InvalidDocumentError
+from model_store import MODEL_TAG_ENV, default_model_tag
 
 
 def served_model_tag() -> str:
@@ -159,7 +159,7 @@ class ErrorBody(BaseModel):
     error: str = Field(description="What is wrong with the request, e.g. 'documents[3]: the document is empty'.")
 
 
-def render(prediction: Prediction) -> str:
+def render(prediction: han.DocumentResult) -> str:
     """A DocumentResult as compact JSON text.
 
     Written by hand rather than with ``json.dumps`` of dicts: this runs for every word of every
@@ -573,7 +573,7 @@ class HANClassifier:
         torch.set_num_threads(int(os.environ.get("HAN_TORCH_THREADS", "1")))
         stored = self.bento_model
         saved = han.SavedModel.load(stored.path)
-        self.predictor = han.Predictor(saved)
+        self.pipeline = han.Pipeline(saved)
         self.batcher: RequestBatcher[tuple[list[str], bool], list[str]] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=_observe_batch
         )
@@ -611,22 +611,23 @@ class HANClassifier:
         return Response('{"results":[' + ",".join(parts) + "]}", media_type="application/json")  # type: ignore[return-value]
 
     def _run_batch(self, requests: list[tuple[list[str], bool]]) -> list[list[str] | InvalidDocumentError]:
-        """Segment and classify the documents of several requests in as few model calls as possible."""
+        """Classify the documents of several requests in as few pipeline calls as possible."""
         out: list[list[str] | InvalidDocumentError] = [[] for _ in requests]
-        groups: dict[bool, list[tuple[int, list[han.Segment]]]] = {True: [], False: []}
-        for r, (texts, explain) in enumerate(requests):
-            try:
-                groups[explain].append((r, self.predictor.segment(texts)))
-            except InvalidDocumentError as e:
-                out[r] = e
-        for explain, members in groups.items():
-            if not members:
+        for explain in (True, False):
+            members = [r for r, (_, e) in enumerate(requests) if e == explain]
+            texts = [text for r in members for text in requests[r][0]]
+            if not texts:
                 continue
-            predictions = self.predictor.predict_segments([s for _, segs in members for s in segs], explain=explain)
+            results = self.pipeline(texts, explain="full" if explain else None, errors="return")
             i = 0
-            for r, segs in members:
-                out[r] = [render(p) for p in predictions[i : i + len(segs)]]
-                i += len(segs)
+            for r in members:
+                mine = results[i : i + len(requests[r][0])]
+                i += len(mine)
+                error = next((x for x in mine if isinstance(x, han.DocumentError)), None)
+                if error is not None:
+                    out[r] = InvalidDocumentError(error.index - (i - len(mine)), error.reason)
+                else:
+                    out[r] = [render(p) for p in mine]  # type: ignore[arg-type]
         return out
 
 

@@ -30,7 +30,7 @@ TEST_MODEL_NAME = "han-test"
 _REGISTER = """
 import sys
 import han
-from service.model_store import register
+from model_store import register
 print(register(han.SavedModel.load(sys.argv[1]), sys.argv[2]))
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from han import ModelDirectoryError, Predictor, SavedModel
+from han import ModelDirectoryError, Pipeline, SavedModel
 
 TEXTS = ["A wonderful film, superb acting.", "Boring. The plot made no sense at all!"]
 
@@ -17,7 +17,7 @@ TEXTS = ["A wonderful film, superb acting.", "Boring. The plot made no sense at 
 def test_save_then_load_gives_identical_outputs(tiny_model_dir: Path, tmp_path: Path) -> None:
     loaded = SavedModel.load(tiny_model_dir)
     again = SavedModel.load(loaded.save(tmp_path / "copy"))
-    a, b = Predictor(loaded).predict(TEXTS), Predictor(again).predict(TEXTS)
+    a, b = Pipeline(loaded)(TEXTS, explain="full"), Pipeline(again)(TEXTS, explain="full")
     assert [p.scores for p in a] == [p.scores for p in b]
     assert [s.weight for s in a[1].sentences] == [s.weight for s in b[1].sentences]
     assert sorted(p.name for p in tiny_model_dir.iterdir()) == [
@@ -70,3 +70,19 @@ def test_no_pickle_in_a_model_directory(tiny_model_dir: Path) -> None:
 def test_a_path_that_is_not_a_directory_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelDirectoryError, match="nowhere: not a model directory"):
         SavedModel.load(tmp_path / "nowhere")
+
+
+MODEL_V1 = Path(__file__).resolve().parent.parent / "data" / "fixtures" / "model_v1"
+
+
+def test_a_model_directory_written_before_the_pipeline_still_loads_and_scores_the_same() -> None:
+    """data/fixtures/model_v1 was written by the code before the inference pipeline (commit b2eca57),
+    with the labels, scores and attention it gave then: users' stored models survive the upgrade."""
+    expected = json.loads((MODEL_V1 / "expected.json").read_text())
+    results = Pipeline.from_directory(MODEL_V1 / "model")([e["text"] for e in expected], explain="full")
+    for result, then in zip(results, expected, strict=True):
+        assert (result.label, result.labels) == (then["label"], then["labels"])
+        assert result.scores == pytest.approx(then["scores"], abs=1e-6)
+        assert [s.weight for s in result.sentences] == pytest.approx(then["sentence_weights"], abs=1e-6)
+        for sentence, weights in zip(result.sentences, then["word_weights"], strict=True):
+            assert [w.weight for w in sentence.words] == pytest.approx(weights, abs=1e-6)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from han import Predictor, SavedModel
-from service import model_store
+import model_store
 from tests.conftest import REPO
 from training.cli import main
 

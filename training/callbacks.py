@@ -87,7 +87,7 @@ class ExportModel(pl.Callback):
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
         if self.register:
-            from service.model_store import register
+            from model_store import register
 
             self.tag = register(saved, self.name or "han-model")
             rank_zero_info(f"registered in the BentoML model store as {self.tag}")

@@ -1,5 +1,7 @@
 """The BentoML model store as the home of trained models: register a model directory, find one by tag.
 
+The one place that knows the store; training registers into it, serving and han-score read from it.
+
 A stored model is exactly a ``han`` model directory (JSON + safetensors) inside the store's
 folder for that tag, so nothing is pickled and any tool can open it with ``SavedModel.load``.
 """

@@ -1,0 +1,183 @@
+"""The one inference path: texts in, DocumentResults out.
+
+    check -> segment -> encode -> forward -> decide -> explain
+
+The service, han-score, the evaluation report and ``han-train predict`` all call
+``Pipeline.__call__``, which batches inside (documents sorted by length into model batches,
+results back in input order). The stages are methods so that a caller can see and test each one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from han.batch import collate_flat, length_sorted_chunks
+from han.model import HANOutput
+from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
+from han.saved_model import SavedModel
+from han.segment import Segment, Segmenter
+
+Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
+EMPTY_REASON = "the document has no words (only whitespace or markup)"
+
+
+class InvalidDocumentError(ValueError):
+    """A document that cannot be classified; ``index`` is its position in the input."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"document {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Explain with only the ``sentences`` heaviest sentences and ``words`` heaviest words."""
+
+    sentences: int = 3
+    words: int = 5
+
+
+Explain = Literal["full"] | TopK | None  # None: no explanation
+Errors = Literal["raise", "return"]
+
+
+def document_problem(text: object) -> str | None:
+    """Why ``text`` cannot be a document, in the words every caller reports, else None."""
+    if text is None:
+        return "the text is missing (null)"
+    if not isinstance(text, str):
+        return f"the document must be a string, not {type(text).__name__}"
+    if not text.strip():
+        return "the document is empty or whitespace only"
+    return None
+
+
+class Pipeline:
+    """Classifies and explains documents with a SavedModel."""
+
+    def __init__(self, saved: SavedModel, batch_size: int = 64, max_batch_tokens: int = 16_384) -> None:
+        self.saved = saved
+        self.model = saved.model.eval()
+        self.labels = saved.labels
+        self.multi_label = saved.model.config.multi_label
+        self.segmenter = Segmenter(saved.segmenter)
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+
+    @classmethod
+    def from_directory(cls, path: str | Path, **kwargs: int) -> Pipeline:
+        return cls(SavedModel.load(path), **kwargs)
+
+    def __call__(
+        self, texts: Sequence[object], explain: Explain = None, errors: Errors = "raise"
+    ) -> list[DocumentResult | DocumentError]:
+        """Classify ``texts`` in input order. A bad document raises InvalidDocumentError (the first
+        one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place."""
+        out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
+        valid = []
+        for i, text in enumerate(texts):
+            problem = document_problem(text)
+            if problem is None:
+                valid.append(i)
+            elif errors == "raise":
+                raise InvalidDocumentError(i, problem)
+            else:
+                out[i] = DocumentError(i, problem)
+        kept, segments = [], []
+        for i, segment in zip(valid, self.segment([texts[i] for i in valid]), strict=True):  # type: ignore[misc]
+            if not segment.is_empty:
+                kept.append(i)
+                segments.append(segment)
+            elif errors == "raise":
+                raise InvalidDocumentError(i, EMPTY_REASON)
+            else:
+                out[i] = DocumentError(i, EMPTY_REASON)
+        for chunk, output in self.forward([self.encode(s) for s in segments]):
+            probs = np.round(self.model.probabilities(output.logits).numpy().astype(np.float64), DECIMALS)
+            sentence_weights = output.sentence_weights.numpy() if explain else None
+            word_weights = output.word_weights.numpy() if explain else None
+            for row, k in enumerate(chunk):
+                result = self.decide(probs[row].tolist(), segments[k].truncated)
+                if explain is not None:
+                    self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
+                out[kept[k]] = result
+        return out  # type: ignore[return-value]
+
+    # -- the stages ------------------------------------------------------------------------------
+    def segment(self, texts: Sequence[str]) -> list[Segment]:
+        """Sentences and words with character offsets (an empty Segment for a document without words)."""
+        return list(self.segmenter.segment_many(texts))
+
+    def encode(self, segment: Segment) -> Encoded:
+        """A segment as the model's flat input: (all word ids, words per sentence)."""
+        encode = self.saved.vocab.encode
+        ids = np.fromiter((i for keys in segment.token_keys for i in encode(keys)), dtype=np.int64)
+        return ids, np.fromiter(map(len, segment.token_keys), dtype=np.int64)
+
+    @torch.inference_mode()
+    def forward(self, encoded: Sequence[Encoded]) -> Iterator[tuple[list[int], HANOutput]]:
+        """Run the model over encoded documents in length-sorted batches: yields (indices, output)."""
+        sizes = [len(ids) for ids, _ in encoded]
+        for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
+            yield chunk, self.model(*collate_flat([encoded[i] for i in chunk]))
+
+    def decide(self, probs: list[float], truncated: bool) -> DocumentResult:
+        """The top label and the chosen labels (at or over the threshold if multi-label, else the top one)."""
+        top = self.labels[max(range(len(probs)), key=probs.__getitem__)]
+        if self.multi_label:
+            chosen = [label for label, p in zip(self.labels, probs, strict=True) if p >= self.saved.threshold]
+        else:
+            chosen = [top]
+        return DocumentResult(top, chosen, dict(zip(self.labels, probs, strict=True)), truncated)
+
+    def explain(
+        self,
+        result: DocumentResult,
+        segment: Segment,
+        sentence_weights: np.ndarray,
+        word_weights: np.ndarray,
+        mode: Literal["full"] | TopK,
+    ) -> None:
+        """Attach the explanation: every sentence and word (``"full"``), or the top k of each (TopK;
+        a word's weight is then its sentence's weight times its weight within the sentence)."""
+        n = len(segment.sentence_spans)
+        text = segment.text
+        if mode == "full":
+            sw = np.round(sentence_weights[:n].astype(np.float64), DECIMALS).tolist()
+            ww = np.round(word_weights[:n].astype(np.float64), DECIMALS).tolist()
+            result.sentences = [
+                SentenceWeight(
+                    text[start:end],
+                    start,
+                    end,
+                    sw[s],
+                    [WordWeight(text[a:b], a, b, ww[s][w]) for w, (a, b) in enumerate(segment.token_spans[s])],
+                )
+                for s, (start, end) in enumerate(segment.sentence_spans)
+            ]
+            return
+        assert isinstance(mode, TopK)
+        sw = sentence_weights[:n].astype(np.float64)
+        top_s = heapq.nlargest(mode.sentences, range(n), key=sw.__getitem__)
+        result.top_sentences = [
+            SentenceWeight(text[a:b], a, b, round(float(sw[s]), DECIMALS))
+            for s in top_s
+            for a, b in [segment.sentence_spans[s]]
+        ]
+        words = [(s, w) for s in range(n) for w in range(len(segment.token_spans[s]))]
+        doc_weights = (sw[:, None] * word_weights[:n].astype(np.float64)).ravel()
+        width = word_weights.shape[1]
+        top_w = heapq.nlargest(mode.words, words, key=lambda sw_: doc_weights[sw_[0] * width + sw_[1]])
+        result.top_words = [
+            WordWeight(text[a:b], a, b, round(float(doc_weights[s * width + w]), DECIMALS))
+            for s, w in top_w
+            for a, b in [segment.token_spans[s][w]]
+        ]

@@ -1,0 +1,100 @@
+"""What the pipeline returns: one set of result types for every caller.
+
+Plain dataclasses. The service's response schema is derived from them (pydantic reads the
+attribute docstrings below as field descriptions), and han-score's output columns are named
+after their fields (``output_columns``). Scores and weights are rounded to ``DECIMALS`` places.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+DECIMALS = 6  # places kept for scores and weights (a float32 holds about 7 significant digits)
+
+
+@dataclass
+class WordWeight:
+    """A word and its weight in the explanation."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # noqa: RUF012  (read by pydantic, not here)
+
+    text: str
+    """The word exactly as in the document: document[start:end]."""
+    start: int
+    """Character offset of the word in the document (Python string index)."""
+    end: int
+    """Character offset just past the word."""
+    weight: float
+    """In a full explanation, the attention on the word within its sentence (a sentence's words sum to 1);
+    in a top-k list, that times its sentence's weight (every word of the document sums to 1)."""
+
+
+@dataclass
+class SentenceWeight:
+    """A sentence, its weight in the explanation and, in a full explanation, its words."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # noqa: RUF012
+
+    text: str
+    """The sentence exactly as in the document: document[start:end]."""
+    start: int
+    """Character offset of the sentence in the document."""
+    end: int
+    """Character offset just past the sentence."""
+    weight: float
+    """Attention on the sentence within the document (the sentences sum to 1)."""
+    words: list[WordWeight] | None = None
+    """Its words with their attention (full explanations only)."""
+
+
+@dataclass
+class DocumentResult:
+    """The classification of one document and, when asked for, its explanation."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # noqa: RUF012
+
+    label: str
+    """The label with the highest score."""
+    labels: list[str]
+    """Every label scored at or over the threshold (multi-label models), else the top label alone."""
+    scores: dict[str, float]
+    """Every label's probability."""
+    truncated: bool
+    """The document was longer than the model's caps and was cut."""
+    sentences: list[SentenceWeight] | None = None
+    """Full explanation: every sentence and word with its attention (absent unless asked for)."""
+    top_sentences: list[SentenceWeight] | None = None
+    """Top-k explanation: the heaviest sentences, heaviest first (absent unless asked for)."""
+    top_words: list[WordWeight] | None = None
+    """Top-k explanation: the heaviest words of the whole document, heaviest first (absent unless asked for)."""
+
+
+@dataclass
+class DocumentError:
+    """A document that could not be classified (returned in its place when errors="return")."""
+
+    index: int
+    """Its position in the input."""
+    reason: str
+    """Why, e.g. 'the document is empty or whitespace only'."""
+
+
+def output_columns(labels: list[str], multi_label: bool, top_k: bool) -> list[str]:
+    """Flat column names for a table of DocumentResults (han-score): one per field, ``scores``
+    spread into ``score_<label>``; ``labels`` only for multi-label models; the top-k lists only
+    when asked for; the full ``sentences`` tree never (it is not tabular)."""
+    skipped = {"sentences"} | (set() if multi_label else {"labels"})
+    skipped |= set() if top_k else {"top_sentences", "top_words"}
+    columns = []
+    for f in fields(DocumentResult):
+        if f.name == "scores":
+            columns += [f"score_{label}" for label in labels]
+        elif f.name not in skipped:
+            columns.append(f.name)
+    return columns
+
+
+def span_records(spans: list[WordWeight] | list[SentenceWeight]) -> list[dict[str, Any]]:
+    """Top-k spans as plain records (text, start, end, weight) for a table cell."""
+    return [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight} for s in spans]

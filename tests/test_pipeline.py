@@ -1,0 +1,105 @@
+"""The inference pipeline: labels, scores and explanations whose spans point back into the input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from han import DocumentError, InvalidDocumentError, Pipeline, SavedModel, TopK
+from tests.tiny_model import train_tiny_model
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_model_dir: Path) -> Pipeline:
+    return Pipeline(SavedModel.load(tiny_model_dir), batch_size=3)
+
+
+def test_predicts_the_fixture_labels_with_scores_of_every_label(pipeline: Pipeline) -> None:
+    results = pipeline(["A wonderful, superb film. Loved it.", "Awful and boring. Hated it."])
+    assert [r.label for r in results] == ["pos", "neg"]
+    assert [r.labels for r in results] == [["pos"], ["neg"]]
+    for r in results:
+        assert set(r.scores) == {"neg", "pos"}
+        assert abs(sum(r.scores.values()) - 1) < 1e-5
+
+
+def test_explanations_point_back_into_the_input_and_weights_are_distributions(pipeline: Pipeline) -> None:
+    text = "Great cast.<br /><br />The story is  wonderful!  I loved it."
+    (result,) = pipeline([text], explain="full")
+    assert [s.text for s in result.sentences] == ["Great cast.", "The story is  wonderful!", "I loved it."]
+    assert abs(sum(s.weight for s in result.sentences) - 1) < 1e-5
+    for sentence in result.sentences:
+        assert text[sentence.start : sentence.end] == sentence.text
+        assert abs(sum(w.weight for w in sentence.words) - 1) < 1e-5
+        for word in sentence.words:
+            assert text[word.start : word.end] == word.text
+
+
+def test_results_keep_input_order_across_internal_batches(pipeline: Pipeline) -> None:
+    texts = [("Superb. " * n) if n % 2 else ("Awful. " * n) for n in range(1, 12)]
+    batched = pipeline(texts)
+    one_by_one = [pipeline([t])[0] for t in texts]
+    for a, b in zip(batched, one_by_one, strict=True):
+        assert a.label == b.label
+        assert a.sentences is None
+        for label in a.scores:
+            assert abs(a.scores[label] - b.scores[label]) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        (["fine", ""], "document 1: the document is empty"),
+        (["   \n "], "document 0: the document is empty"),
+        (["ok", 42], "document 1: the document must be a string, not int"),
+        (["<br /><br />"], "document 0: the document has no words"),
+    ],
+)
+def test_bad_documents_raise_an_error_naming_the_document(pipeline: Pipeline, texts, message: str) -> None:
+    with pytest.raises(InvalidDocumentError, match=message):
+        pipeline(texts)
+
+
+def test_odd_but_valid_documents_are_classified(pipeline: Pipeline) -> None:
+    texts = ["?!?!", "wonderful", "😀🎬👍", "Фильм отличный. 素晴らしい。", "Superb film. " * 5000]
+    results = pipeline(texts, explain="full")
+    assert len(results) == 5
+    assert results[-1].truncated and not results[0].truncated
+    assert len(results[-1].sentences) == pipeline.saved.segmenter.max_sentences
+
+
+def test_multi_label_models_return_every_label_over_the_threshold() -> None:
+    saved, _ = train_tiny_model(steps=80, multi_label=True)
+    (result,) = Pipeline(saved)(["Oil companies and grain traders were hit by higher interest rates."])
+    assert sorted(result.labels) == ["crude", "grain", "interest"]
+    assert all(0 <= p <= 1 for p in result.scores.values())
+
+
+def test_with_errors_returned_a_bad_document_gets_an_error_in_its_place(pipeline: Pipeline) -> None:
+    results = pipeline(["Superb.", "", None, "<br />", "Awful."], errors="return")
+    assert [type(r).__name__ for r in results] == ["DocumentResult", "DocumentError", "DocumentError",
+                                                   "DocumentError", "DocumentResult"]
+    errors = [r for r in results if isinstance(r, DocumentError)]
+    assert [(e.index, e.reason) for e in errors] == [
+        (1, "the document is empty or whitespace only"),
+        (2, "the text is missing (null)"),
+        (3, "the document has no words (only whitespace or markup)"),
+    ]
+    assert [r.label for r in results if not isinstance(r, DocumentError)] == ["pos", "neg"]
+
+
+def test_top_k_explanations_are_the_heaviest_spans_of_the_full_one(pipeline: Pipeline) -> None:
+    text = "Great cast. The story is wonderful! I loved it. Dull ending though."
+    (full,) = pipeline([text], explain="full")
+    (top,) = pipeline([text], explain=TopK(sentences=2, words=3))
+    assert top.sentences is None and full.top_words is None
+    assert top.scores == full.scores
+    by_weight = sorted(full.sentences, key=lambda s: -s.weight)
+    assert [(s.start, s.end) for s in top.top_sentences] == [(s.start, s.end) for s in by_weight[:2]]
+    assert all(s.words is None for s in top.top_sentences)
+    doc_words = sorted(((s.weight * w.weight, w.start) for s in full.sentences for w in s.words), reverse=True)
+    assert [w.start for w in top.top_words] == [start for _, start in doc_words[:3]]
+    for word, (weight, _) in zip(top.top_words, doc_words, strict=False):
+        assert abs(word.weight - weight) < 1e-5
+        assert text[word.start : word.end] == word.text
