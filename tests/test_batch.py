@@ -326,8 +326,8 @@ def test_summary_counts_rows_labels_and_failures(tmp_path: Path, tiny_model_dir:
 
 
 def test_a_registered_bentoml_model_is_found_by_tag(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
-    from han import SavedModel
     import model_store
+    from han import SavedModel
 
     tag = model_store.register(SavedModel.load(tiny_model_dir), "han-batch-test")
     source = write_input(tmp_path / "in.jsonl", input_rows())

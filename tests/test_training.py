@@ -15,8 +15,8 @@ import datasets
 import numpy as np
 import pytest
 
-from han import Predictor, SavedModel
 import model_store
+from han import Predictor, SavedModel
 from tests.conftest import REPO
 from training.cli import main
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from han.predict import Predictor
 from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.utilities import rank_zero_info
 
-from han.predict import Predictor
 from han.saved_model import SavedModel
 from training.report import best_threshold, evaluate, headline, write_report
 

@@ -11,9 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
-
 from han.predict import Predictor
+from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 
 
 def evaluate(
