@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import model_store
-from han import Predictor, SavedModel
+from han import Pipeline, SavedModel
 from tests.conftest import REPO
 from training.cli import main
 
@@ -66,7 +66,7 @@ def test_fit_reads_every_input_format_and_exports_a_loadable_model(tmp_path: Pat
     assert (root / "report" / "test" / "confusion_matrix.png").stat().st_size > 1000
     assert list((root / "csv").rglob("metrics.csv")), "CSV metrics are logged"
     assert list((root / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events are logged"
-    (pred,) = Predictor(saved).predict(["A wonderful film. Superb acting, I loved it."])
+    (pred,) = Pipeline(saved)(["A wonderful film. Superb acting, I loved it."])
     assert pred.label == "pos"
 
 
@@ -90,7 +90,7 @@ def test_weight_averaging_from_the_command_line_exports_the_averaged_weights(tmp
                "--trainer.callbacks+=pytorch_lightning.callbacks.EMAWeightAveraging",
                "--trainer.callbacks.decay", "0.9", "--trainer.callbacks.update_starting_at_step", "2")
     best = next(p for p in (root / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
-    checkpoint = torch.load(best, weights_only=False)
+    checkpoint = torch.load(best, weights_only=True)
     averaged = checkpoint["state_dict"]["net.embedding.weight"]
     current = checkpoint["current_model_state"]["net.embedding.weight"]
     assert not torch.allclose(averaged, current)
@@ -137,13 +137,12 @@ def test_multi_label_threshold_is_tuned_on_validation_unless_given(tmp_path: Pat
                "--trainer.max_epochs", "4", data=TOPICS)  # short: not yet perfect on its data
     saved = SavedModel.load(root / "model")
     assert saved.metadata["threshold_from"] == "best micro-F1 on the validation split"
-    encoded = [json.loads(line) for line in TOPICS.read_text().splitlines()]
-    predictor = Predictor(saved)
-    documents = [predictor.encode(s) for s in predictor.segment([r["text"] for r in encoded])]
-    truth = np.array([[label in r["labels"] for label in saved.labels] for r in encoded])
-    tuned = evaluate(predictor, documents, truth)["micro_f1"]
+    topics = rows(TOPICS)
+    texts = [r["text"] for r in topics]
+    truth = np.array([[label in r["labels"] for label in saved.labels] for r in topics])
+    tuned = evaluate(Pipeline(saved), texts, truth)["micro_f1"]
     saved.threshold = 0.5
-    assert tuned >= evaluate(Predictor(saved), documents, truth)["micro_f1"]
+    assert tuned >= evaluate(Pipeline(saved), texts, truth)["micro_f1"]
 
     root = fit(tmp_path / "fixed", "--data.label_column", "labels", "--data.multi_label", "true",
                "--trainer.max_epochs", "4", "--export.threshold", "0.3", data=TOPICS)
@@ -210,7 +209,7 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: 
 
     def saved_epoch() -> int:
         try:
-            return int(torch.load(last, map_location="cpu", weights_only=False)["epoch"])
+            return int(torch.load(last, map_location="cpu", weights_only=True)["epoch"])
         except Exception:  # not written yet, or being written
             return -1
 
@@ -222,7 +221,7 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert last.exists() and not (root / "model").exists()
-    killed_at = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
+    killed_at = torch.load(last, map_location="cpu", weights_only=True)["epoch"]
     assert 2 <= killed_at < 399
     done = subprocess.run([*args[:-4], "--trainer.max_epochs", str(killed_at + 3), "--ckpt_path", "last",
                            "--trainer.enable_progress_bar", "false"],
@@ -233,5 +232,46 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: 
     newest_log = max((root / "csv").glob("version_*/metrics.csv"), key=lambda p: p.stat().st_mtime)
     resumed_epochs = {int(r["epoch"]) for r in csv.DictReader(newest_log.open()) if r["epoch"]}
     assert min(resumed_epochs) >= killed_at, resumed_epochs
-    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] > killed_at
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] > killed_at
     assert SavedModel.load(root / "model").labels == ["neg", "pos"]
+
+
+class _Planted:
+    """Unpickling this would create a file: what a hostile checkpoint could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("subcommand", ["test", "predict", "fit"])
+def test_a_checkpoint_holding_code_is_refused_and_never_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], subcommand: str
+) -> None:
+    import torch
+
+    marker = tmp_path / "code-ran"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save({"state_dict": {}, "payload": _Planted(marker)}, hostile)
+    with pytest.raises(SystemExit) as exit_info:
+        main([subcommand, "--config", SMOKE, "--trainer.default_root_dir", str(tmp_path / "run"),
+              "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(hostile)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "refusing to unpickle" in err and "Traceback" not in err
+    assert not marker.exists(), "the checkpoint's code ran"
+
+
+def test_export_refuses_a_best_checkpoint_holding_code(tmp_path: Path) -> None:
+    import torch
+
+    from training.export import CheckpointError, load_checkpoint
+
+    marker = tmp_path / "code-ran"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save({"state_dict": {}, "payload": _Planted(marker)}, hostile)
+    with pytest.raises(CheckpointError, match="hostile.ckpt: not a checkpoint of plain tensors"):
+        load_checkpoint(hostile)
+    assert not marker.exists()

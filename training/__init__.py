@@ -1,0 +1,12 @@
+"""``han-train``: training and retraining with PyTorch Lightning.
+
+    cli.py      the LightningCLI (configs, links the data's sizes into the model)
+    data.py     the DataModule: read, tokenise (cached), vocabulary, length-bucketed batches
+    sources.py  reading Parquet, CSV, JSON Lines, a folder per class, or a hub name
+    module.py   the LightningModule: the optimisation of a han.HAN and its metrics
+    export.py   the trained model as users get it: model directory, threshold, report, model store
+    report.py   evaluation through han.Pipeline: per-class metrics, confusion matrix, predictions
+    callbacks.py  throughput per epoch and ``han-train predict``'s output file
+
+Imports han and model_store; never the serving code.
+"""

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -18,17 +18,21 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from han.environment import apply_defaults
 from han.saved_model import ModelDirectoryError
-from training.callbacks import ExportModel
 from training.data import HANDataModule
+from training.export import CheckpointError, ExportModel
 from training.module import HANClassifier
 from training.sources import DataError
 
 
 class HANCLI(LightningCLI):
-    """Adds the checkpoint and export settings, and fills in run-specific defaults."""
+    """Adds the checkpoint and export settings, links the sizes that come from the data, and fills
+    in run-specific defaults."""
 
     def add_arguments_to_parser(self, parser) -> None:  # type: ignore[no-untyped-def]
+        for size in ("vocab_size", "num_labels", "multi_label"):
+            parser.link_arguments(f"data.{size}", f"model.{size}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({
             "checkpoint.monitor": "val/score",
@@ -74,14 +78,9 @@ class HANCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``han-train``; user errors print one line and exit with status 2."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    apply_defaults()
     # All cores unless OMP_NUM_THREADS says otherwise (torch's own default can be fewer than the cores).
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
-    # The HAN is small and never sharded, so Lightning's caution for weight averaging with a
-    # configure_model hook (EMAWeightAveraging, see the README) does not apply.
-    warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that overrides")
     try:
         HANCLI(
             HANClassifier,
@@ -90,7 +89,14 @@ def main(args: list[str] | None = None) -> None:
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
         )
-    except (DataError, ModelDirectoryError, FileNotFoundError, ValueError, MisconfigurationException) as e:
+    except pickle.UnpicklingError as e:  # Lightning loads --ckpt_path with weights_only=True: code never runs
+        if os.environ.get("HAN_DEBUG"):
+            raise
+        print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
+              f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
+        sys.exit(2)
+    except (DataError, CheckpointError, ModelDirectoryError, FileNotFoundError, ValueError,
+            MisconfigurationException) as e:
         if os.environ.get("HAN_DEBUG"):
             raise
         print(f"han-train: error: {e}", file=sys.stderr)

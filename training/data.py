@@ -16,14 +16,14 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from sklearn.model_selection import train_test_split
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from han.batch import Batch, collate_flat
 from han.segment import Segmenter, SegmenterConfig
 from han.vocab import Vocabulary
 from training.sources import DataError, load_source
 
-TOKENISER_VERSION = 1  # bump when segmentation changes, to invalidate caches
+TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
 
 
 class EncodedDocuments(Dataset):
@@ -174,10 +174,17 @@ class HANDataModule(pl.LightningDataModule):
     def multi_label(self) -> bool:
         return bool(self.hparams.multi_label)
 
-    def split_keys(self, split: str) -> datasets.Dataset:
-        """The tokenised split (columns ``keys`` and ``target``), for evaluation."""
+    @property
+    def vocab_size(self) -> int:
         self.setup()
-        return self._keys[split]
+        assert self.vocab is not None
+        return len(self.vocab)
+
+    def texts(self, split: str) -> list[str]:
+        """The split's documents as text, in order (those with no words left out, as in training):
+        evaluation and ``han-train predict`` run them through the inference pipeline."""
+        self.setup()
+        return self._keys[split]["text"]
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -221,9 +228,9 @@ class HANDataModule(pl.LightningDataModule):
         return "test" if "test" in self.splits else "validation"
 
     def predict_dataloader(self) -> DataLoader:
-        # In input order (no length sorting), so that predictions line up with the file's rows.
-        data = self.splits[self.predict_split]
-        return self._loader(data, BatchSampler(SequentialSampler(data), self.hparams.eval_batch_size, drop_last=False))
+        # The split's texts in input order, so that predictions line up with the file's rows; the
+        # module runs each batch through the inference pipeline.
+        return DataLoader(self.texts(self.predict_split), batch_size=self.hparams.eval_batch_size, collate_fn=list)
 
     def _eval_loader(self, split: str) -> DataLoader:
         data = self.splits[split]
@@ -256,17 +263,18 @@ class HANDataModule(pl.LightningDataModule):
         text_column, label_column = hp.text_column, hp.label_column
 
         def tokenise(batch: dict[str, list]) -> dict[str, list]:
-            keys, targets = [], []
+            kept, keys, targets = [], [], []
             texts = batch[text_column]
             for i, text in enumerate(texts):
                 if not isinstance(text, str):
                     raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
             for segment, label in zip(segmenter.segment_many(texts), batch[label_column], strict=True):
                 if segment.is_empty:
-                    continue  # nothing to learn from; counted in the log below
+                    continue  # nothing to learn from
+                kept.append(segment.text)
                 keys.append(segment.token_keys)
                 targets.append(self._label_strings(label, split, source))
-            return {"keys": keys, "target": targets}
+            return {"text": kept, "keys": keys, "target": targets}
 
         result = raw.map(
             tokenise, batched=True, batch_size=1000, remove_columns=raw.column_names,
@@ -316,7 +324,7 @@ class HANDataModule(pl.LightningDataModule):
 
     @staticmethod
     def _iter_keys(ds: datasets.Dataset) -> Iterator[list[list[str]]]:
-        for batch in ds.iter(batch_size=2000):
+        for batch in ds.select_columns(["keys"]).iter(batch_size=2000):
             yield from batch["keys"]
 
     def _encode(self, split: str, ds: datasets.Dataset) -> EncodedDocuments:
@@ -328,7 +336,7 @@ class HANDataModule(pl.LightningDataModule):
             torch.zeros(len(ds), len(index)) if self.multi_label else torch.zeros(len(ds), dtype=torch.long)
         )
         row = 0
-        for batch in ds.iter(batch_size=2000):
+        for batch in ds.select_columns(["keys", "target"]).iter(batch_size=2000):
             for keys, target in zip(batch["keys"], batch["target"], strict=True):
                 documents.append((
                     np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),

@@ -17,15 +17,20 @@ from torchmetrics.classification import (
 
 from han.batch import Batch
 from han.model import HAN, HANConfig
+from han.pipeline import Pipeline
+from han.results import DocumentError, DocumentResult
 
 
 class HANClassifier(pl.LightningModule):
     """A HAN trained with AdamW or SGD (momentum), a learning-rate schedule and gradient clipping.
 
-    The network's sizes that depend on the data (vocabulary, labels) are read from the
-    DataModule when the trainer builds the model (``configure_model``).
+    ``vocab_size``, ``num_labels`` and ``multi_label`` come from the data: ``han-train`` links
+    them from the DataModule (``link_arguments``), so a config never sets them.
 
     Args:
+        vocab_size: the vocabulary's size (from the data).
+        num_labels: the number of labels (from the data).
+        multi_label: each document has any number of labels (from the data).
         embed_dim: word embedding size.
         word_hidden: GRU hidden size per direction over words.
         sentence_hidden: GRU hidden size per direction over sentences.
@@ -43,12 +48,15 @@ class HANClassifier(pl.LightningModule):
 
     def __init__(
         self,
-        embed_dim: int = 100,
-        word_hidden: int = 50,
-        sentence_hidden: int = 50,
-        attention_dim: int = 100,
-        dropout: float = 0.3,
-        word_dropout: float = 0.1,
+        vocab_size: int,
+        num_labels: int,
+        multi_label: bool = False,
+        embed_dim: int = HANConfig.embed_dim,  # the network's defaults live in HANConfig alone
+        word_hidden: int = HANConfig.word_hidden,
+        sentence_hidden: int = HANConfig.sentence_hidden,
+        attention_dim: int = HANConfig.attention_dim,
+        dropout: float = HANConfig.dropout,
+        word_dropout: float = HANConfig.word_dropout,
         optimizer: Literal["adamw", "sgd"] = "adamw",
         lr: float = 3e-3,
         weight_decay: float = 1e-4,
@@ -63,25 +71,14 @@ class HANClassifier(pl.LightningModule):
         if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
             raise ValueError("model.dropout and model.word_dropout must be in [0, 1)")
         self.save_hyperparameters()
-        self.net: HAN | None = None
-        self.loss_fn: nn.Module | None = None
-
-    # -- building ---------------------------------------------------------------------------------
-    def configure_model(self) -> None:
-        if self.net is not None:
-            return
-        data = self.trainer.datamodule
-        data.setup()
-        hp = self.hparams
-        config = HANConfig(
-            vocab_size=len(data.vocab), num_labels=data.num_labels, multi_label=data.multi_label,
-            embed_dim=hp.embed_dim, word_hidden=hp.word_hidden, sentence_hidden=hp.sentence_hidden,
-            attention_dim=hp.attention_dim, dropout=hp.dropout, word_dropout=hp.word_dropout,
-        )
-        self.net = HAN(config)
-        n = config.num_labels
-        if config.multi_label:
-            self.loss_fn = nn.BCEWithLogitsLoss()
+        self.net = HAN(HANConfig(
+            vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
+            word_hidden=word_hidden, sentence_hidden=sentence_hidden, attention_dim=attention_dim,
+            dropout=dropout, word_dropout=word_dropout,
+        ))
+        n = num_labels
+        if multi_label:
+            self.loss_fn: nn.Module = nn.BCEWithLogitsLoss()
             metrics = {
                 "score": MultilabelF1Score(n, average="micro"),
                 "micro_f1": MultilabelF1Score(n, average="micro"),
@@ -99,14 +96,12 @@ class HANClassifier(pl.LightningModule):
         self.train_metrics = collection.clone(prefix="train/")
         self.val_metrics = collection.clone(prefix="val/")
         self.test_metrics = collection.clone(prefix="test/")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        assert self.net is not None
-        checkpoint["han_config"] = self.net.config.to_dict()
+        # ``han-train predict``: the exported model's pipeline, set by the export callback (which
+        # owns the decision threshold) before the first batch.
+        self.pipeline: Pipeline | None = None
 
     # -- steps --------------------------------------------------------------------------------------
     def forward(self, batch: Batch) -> Tensor:
-        assert self.net is not None
         return self.net(*batch).logits
 
     def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
@@ -132,8 +127,11 @@ class HANClassifier(pl.LightningModule):
     def test_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> None:
         self._step(batch, "test")
 
-    def predict_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> Tensor:
-        return self.net.probabilities(self(batch[0]))
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[DocumentResult | DocumentError]:
+        """A batch of texts through the inference pipeline, the one every caller uses."""
+        if self.pipeline is None:
+            raise RuntimeError("han-train predict needs the export callback to set up the pipeline")
+        return self.pipeline(batch)
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:

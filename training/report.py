@@ -11,26 +11,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from han.predict import Predictor
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 
+from han.pipeline import Pipeline
+from han.results import DocumentResult
 
-def evaluate(
-    predictor: Predictor, documents: list[tuple[np.ndarray, np.ndarray]], targets: np.ndarray
-) -> dict[str, Any]:
-    """Score encoded documents through the predictor and compare with targets.
 
-    ``targets`` are class indices (single-label) or a 0/1 matrix (multi-label).
-    """
-    probs = predictor.probabilities(documents)
-    labels = predictor.labels
-    if predictor.multi_label:
-        predicted = np.array([[label in predictor.decide(row)[1] for label in labels] for row in probs.tolist()])
+def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> dict[str, Any]:
+    """Classify ``texts`` through the inference pipeline and compare with ``targets``: class
+    indices (single-label) or a 0/1 matrix (multi-label). ``results`` holds each document's result."""
+    results = pipeline(texts)
+    labels = pipeline.labels
+    report: dict[str, Any] = {"documents": len(texts), "results": results}
+    if pipeline.multi_label:
+        predicted = np.array([[label in r.labels for label in labels] for r in results], dtype=bool)
         truth = targets.astype(bool)
         per_label = f1_score(truth, predicted, average=None, zero_division=0)
-        return {
+        return report | {
             "task": "multi-label",
-            "documents": len(documents),
             "micro_f1": float(f1_score(truth, predicted, average="micro", zero_division=0)),
             "macro_f1": float(f1_score(truth, predicted, average="macro", zero_division=0)),
             "samples_f1": float(f1_score(truth, predicted, average="samples", zero_division=0)),
@@ -39,10 +37,10 @@ def evaluate(
             "support": {label: int(n) for label, n in zip(labels, truth.sum(0), strict=True)},
             "text": classification_report(truth, predicted, target_names=labels, zero_division=0, digits=3),
         }
-    predicted = probs.argmax(1)
-    return {
+    index = {label: i for i, label in enumerate(labels)}
+    predicted = np.array([index[r.label] for r in results])
+    return report | {
         "task": "single-label",
-        "documents": len(documents),
         "accuracy": float(accuracy_score(targets, predicted)),
         "macro_f1": float(f1_score(targets, predicted, average="macro", zero_division=0)),
         "per_class": classification_report(
@@ -56,13 +54,23 @@ def evaluate(
     }
 
 
-def best_threshold(predictor: Predictor, documents: list[tuple[np.ndarray, np.ndarray]], targets: np.ndarray) -> float:
+def best_threshold(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> float:
     """The multi-label decision threshold (0.05 to 0.95 in steps of 0.05) with the best micro-F1 on these documents."""
-    probs = predictor.probabilities(documents)
+    probs = np.array([[r.scores[label] for label in pipeline.labels] for r in pipeline(texts)])
     truth = targets.astype(bool)
     candidates = [round(0.05 * i, 2) for i in range(1, 20)]
     scores = {t: f1_score(truth, probs >= t, average="micro", zero_division=0) for t in candidates}
     return max(candidates, key=lambda t: (scores[t], -abs(t - 0.5)))  # ties: the one nearest 0.5
+
+
+def write_predictions(path: Path, results: list[DocumentResult]) -> None:
+    """One JSON line per document, in input order: row, label, labels and every label's score
+    (``han-train predict`` and the evaluation report)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for row, r in enumerate(results):
+            record = {"row": row, "label": r.label, "labels": r.labels, "scores": r.scores}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def headline(report: dict[str, Any]) -> dict[str, float]:
@@ -72,9 +80,11 @@ def headline(report: dict[str, Any]) -> dict[str, float]:
 
 
 def write_report(report: dict[str, Any], directory: Path, title: str) -> Path:
-    """Write metrics.json, classification_report.txt and (single-label) confusion_matrix.png."""
+    """Write metrics.json, classification_report.txt, predictions.jsonl and (single-label) confusion_matrix.png."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "metrics.json").write_text(json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2))
+    summary = {k: v for k, v in report.items() if k not in ("text", "results")}
+    (directory / "metrics.json").write_text(json.dumps(summary, indent=2))
+    write_predictions(directory / "predictions.jsonl", report["results"])
     (directory / "classification_report.txt").write_text(f"{title}\n\n{report['text']}")
     if report["task"] == "single-label":
         matrix = np.array(report["confusion_matrix"])

@@ -1,0 +1,87 @@
+"""The architecture, enforced: which package may import which, and modules kept small.
+
+    han/           the model library (PyTorch + spaCy)          imports nothing of ours
+    model_store/   the BentoML model store                      han
+    training/      han-train (Lightning)                        han, model_store
+    service/       the BentoML service                          han, model_store
+    scoring/       han-score                                    han, model_store
+    tests/, benchmarks/  never the serving entry points (service.run, service.service)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+OURS = {"han", "model_store", "training", "service", "scoring", "tests", "benchmarks"}
+ALLOWED = {
+    "han": set(),
+    "model_store": {"han"},
+    "training": {"han", "model_store"},
+    "service": {"han", "model_store"},
+    "scoring": {"han", "model_store"},
+}
+FORBIDDEN_THIRD_PARTY = {"han": {"pytorch_lightning", "lightning", "bentoml", "_bentoml_sdk", "_bentoml_impl"}}
+ENTRY_POINTS = {"service.run", "service.service"}  # tests and benchmarks start these as processes
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file (function-level imports too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_imports_only_what_it_may(package: str) -> None:
+    assert python_files(package), f"{package}/ has no modules"
+    wrong = []
+    for path in python_files(package):
+        for name in imports(path):
+            top = name.split(".")[0]
+            if (top in OURS and top != package and top not in ALLOWED[package]) or (
+                top in FORBIDDEN_THIRD_PARTY.get(package, set())
+            ):
+                wrong.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("folder", ["tests", "benchmarks"])
+def test_tests_and_benchmarks_take_no_helpers_from_the_serving_entry_points(folder: str) -> None:
+    wrong = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in python_files(folder)
+        for name in imports(path)
+        if any(name == entry or name.startswith(entry + ".") for entry in ENTRY_POINTS)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_modules_stay_small() -> None:
+    big = [
+        f"{path.relative_to(REPO)}: {n} lines"
+        for package in ALLOWED
+        for path in python_files(package)
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    ]
+    assert not big, "\n".join(big)
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
+    """The parser catches imports inside functions too, where a careless one would hide."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from service.run import wait_ready\n    import bentoml\n")
+    assert {"service.run", "service.run.wait_ready", "bentoml"} <= imports(module)

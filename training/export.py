@@ -1,0 +1,138 @@
+"""The trained model as users get it: a SavedModel (the best checkpoint, its decision threshold),
+evaluated through the inference pipeline and registered in the model store.
+
+``ExportModel`` runs at the end of ``fit`` and ``test``; before ``predict`` it gives the module
+the pipeline of the model as it would be exported, so ``han-train predict`` decides labels with
+the same threshold as the service and han-score.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+
+from han.pipeline import Pipeline
+from han.saved_model import SavedModel
+from training.report import best_threshold, evaluate, headline, write_report
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read as plain tensors and data (never unpickled beyond that)."""
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint, loaded with ``weights_only=True``: tensors and plain data only, so a
+    file from elsewhere that holds code fails here with one line and never runs."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path}: not a checkpoint of plain tensors and data; refusing to unpickle it ({first[:200]})"
+        ) from None
+    except (OSError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({str(e).splitlines()[0][:200]})") from None
+
+
+class ExportModel(pl.Callback):
+    """At the end of ``fit``: the best checkpoint becomes a model directory, is evaluated, and registered.
+
+    Args:
+        name: the BentoML model name; by default ``han-<config file name>``.
+        register: register the model in the BentoML model store.
+        output_dir: where the model directory and report go; by default ``<default_root_dir>``.
+        threshold: multi-label decision threshold; by default the one with the best micro-F1 on
+            the validation split (0.05 to 0.95), else 0.5.
+    """
+
+    def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
+                 threshold: float | None = None) -> None:
+        if threshold is not None and not 0 < threshold < 1:
+            raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
+        self.name = name
+        self.register = register
+        self.output_dir = output_dir
+        self.threshold = threshold
+        self.tag: str | None = None
+
+    def _root(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.interrupted:
+            return
+        saved = self.saved_model(trainer, pl_module, best=True)
+        data = trainer.datamodule
+        metrics: dict[str, Any] = {}
+        best_score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        if best_score is not None:
+            metrics["validation_score"] = round(float(best_score), 4)
+        for split in ("validation", "test"):
+            if split in data.splits:
+                report = self._report(saved, data, split, self._root(trainer) / "report" / split)
+                metrics[split] = headline(report)
+        saved.metadata["metrics"] = metrics
+        directory = saved.save(self._root(trainer) / "model")
+        rank_zero_info(f"model directory: {directory}")
+        if self.register:
+            from model_store import register
+
+            self.tag = register(saved, self.name or "han-model")
+            rank_zero_info(f"registered in the BentoML model store as {self.tag}")
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and trainer.state.fn == "test":
+            saved = self.saved_model(trainer, pl_module, best=False)
+            self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl_module.pipeline = Pipeline(self.saved_model(trainer, pl_module, best=False), batch_size=256)
+
+    def saved_model(self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: bool) -> SavedModel:
+        """The model as exported: the module's network (the best checkpoint's weights if ``best``),
+        the data's vocabulary, labels and caps, and, multi-label, the decision threshold."""
+        net = copy.deepcopy(pl_module.net).cpu().eval()
+        path = trainer.checkpoint_callback.best_model_path if best and trainer.checkpoint_callback else ""
+        if path:
+            state = load_checkpoint(path)["state_dict"]
+            net.load_state_dict({k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.")})
+        data = trainer.datamodule
+        metadata = {
+            "name": self.name,
+            "trained_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "train_data": data.hparams.train,
+            "test_data": data.hparams.test,
+            "epochs": trainer.current_epoch,
+            "checkpoint": path or None,
+            "hyperparameters": dict(pl_module.hparams),
+        }
+        saved = SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
+        if net.config.multi_label:
+            if self.threshold is not None:
+                saved.threshold = self.threshold
+            else:
+                saved.threshold = best_threshold(Pipeline(saved, batch_size=256), *_split(data, "validation"))
+                saved.metadata["threshold_from"] = "best micro-F1 on the validation split"
+            rank_zero_info(f"multi-label decision threshold: {saved.threshold}")
+        return saved
+
+    @staticmethod
+    def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:
+        report = evaluate(Pipeline(saved, batch_size=256), *_split(data, split))
+        title = f"{saved.metadata.get('name') or 'model'} on {split} ({report['documents']} documents)"
+        write_report(report, directory, title)
+        rank_zero_info(f"\n{title}\n{report['text']}\nreport written to {directory}")
+        return report
+
+
+def _split(data: Any, split: str) -> tuple[list[str], np.ndarray]:
+    """A split's texts and targets (class indices, or a 0/1 matrix for multi-label data)."""
+    return data.texts(split), data.splits[split].targets.numpy()
