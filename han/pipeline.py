@@ -1,6 +1,6 @@
 """The one inference path: texts in, DocumentResults out.
 
-    check -> segment -> encode -> forward -> decide -> explain
+    check -> segment -> encode -> forward -> scores (calibrated) -> decide -> explain
 
 The service, han-score, the evaluation report and ``han-train predict`` all call
 ``Pipeline.__call__``, which batches inside (documents sorted by length into model batches,
@@ -81,6 +81,17 @@ class Pipeline:
     ) -> list[DocumentResult | DocumentError]:
         """Classify ``texts`` in input order. A bad document raises InvalidDocumentError (the first
         one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place."""
+        return self._run(texts, explain, errors, None)
+
+    def with_logits(self, texts: Sequence[str]) -> tuple[list[DocumentResult], np.ndarray]:
+        """``__call__`` (no explanation, bad documents raise) that also returns the raw logits
+        [documents, labels], before calibration: what evaluation needs to measure it."""
+        logits = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
+        return self._run(texts, None, "raise", logits), logits  # type: ignore[return-value]
+
+    def _run(
+        self, texts: Sequence[object], explain: Explain, errors: Errors, logits: np.ndarray | None
+    ) -> list[DocumentResult | DocumentError]:
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
         valid = []
         for i, text in enumerate(texts):
@@ -101,7 +112,9 @@ class Pipeline:
             else:
                 out[i] = DocumentError(i, EMPTY_REASON)
         for chunk, output in self.forward([self.encode(s) for s in segments]):
-            probs = np.round(self.model.probabilities(output.logits).numpy().astype(np.float64), DECIMALS)
+            if logits is not None:
+                logits[[kept[k] for k in chunk]] = output.logits.numpy()
+            probs = self.scores(output.logits)
             sentence_weights = output.sentence_weights.numpy() if explain else None
             word_weights = output.word_weights.numpy() if explain else None
             for row, k in enumerate(chunk):
@@ -128,6 +141,12 @@ class Pipeline:
         sizes = [len(ids) for ids, _ in encoded]
         for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
             yield chunk, self.model(*collate_flat([encoded[i] for i in chunk]))
+
+    def scores(self, logits: torch.Tensor) -> np.ndarray:
+        """Calibrated label probabilities [documents, labels]: of logits / the model's temperature."""
+        t = self.saved.temperature
+        probs = self.model.probabilities(logits / t if t != 1.0 else logits)
+        return np.round(probs.numpy().astype(np.float64), DECIMALS)
 
     def decide(self, probs: list[float], truncated: bool) -> DocumentResult:
         """The top label and the chosen labels (at or over the threshold if multi-label, else the top one)."""

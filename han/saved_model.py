@@ -37,6 +37,7 @@ class SavedModel:
     labels: list[str]
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     threshold: float = 0.5  # multi-label decision threshold
+    temperature: float = 1.0  # scores are probabilities of logits / temperature (han.calibration)
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form: dataset, metrics, dates
 
     def save(self, directory: str | Path) -> Path:
@@ -48,6 +49,7 @@ class SavedModel:
             "model": self.model.config.to_dict(),
             "segmenter": self.segmenter.to_dict(),
             "threshold": self.threshold,
+            "temperature": self.temperature,
             "metadata": self.metadata,
         }
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -69,6 +71,9 @@ class SavedModel:
             model_config = HANConfig.from_dict(config["model"])
             segmenter = SegmenterConfig(**config.get("segmenter", {}))
             threshold = float(config.get("threshold", 0.5))
+            temperature = float(config.get("temperature", 1.0))  # models saved before calibration: 1
+            if not temperature > 0:
+                raise ValueError(f"temperature must be positive, not {temperature}")
         except (KeyError, TypeError, ValueError) as e:
             raise ModelDirectoryError(f"{directory / CONFIG_FILE}: invalid model config ({e})") from e
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
@@ -95,7 +100,7 @@ class SavedModel:
         except (SafetensorError, RuntimeError, OSError) as e:
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
         model.eval()
-        return cls(model, vocab, labels, segmenter, threshold, config.get("metadata", {}))
+        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}))
 
 
 def _require(path: Path) -> None:

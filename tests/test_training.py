@@ -59,11 +59,13 @@ def test_fit_reads_every_input_format_and_exports_a_loadable_model(tmp_path: Pat
     saved = SavedModel.load(root / "model")
     assert saved.labels == ["neg", "pos"]
     metrics = saved.metadata["metrics"]
-    assert set(metrics["test"]) == {"accuracy", "macro_f1"}
+    assert set(metrics["test"]) == {"accuracy", "macro_f1", "ece_before", "ece_after"}
     assert metrics["test"]["accuracy"] >= 0.9, "the smoke run should fit its own training data"
     report = json.loads((root / "report" / "test" / "metrics.json").read_text())
     assert report["documents"] == 32 and len(report["confusion_matrix"]) == 2
     assert (root / "report" / "test" / "confusion_matrix.png").stat().st_size > 1000
+    assert (root / "report" / "test" / "reliability.png").stat().st_size > 1000
+    assert report["calibration"]["temperature"] == saved.temperature > 0
     assert list((root / "csv").rglob("metrics.csv")), "CSV metrics are logged"
     assert list((root / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events are logged"
     (pred,) = Pipeline(saved)(["A wonderful film. Superb acting, I loved it."])
@@ -125,7 +127,7 @@ def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")
     assert saved.labels == ["crude", "grain", "interest"] and saved.model.config.multi_label
-    assert set(saved.metadata["metrics"]["test"]) == {"micro_f1", "macro_f1", "exact_match"}
+    assert set(saved.metadata["metrics"]["test"]) == {"micro_f1", "macro_f1", "exact_match", "ece_before", "ece_after"}
     report = json.loads((root / "report" / "test" / "metrics.json").read_text())
     assert set(report["per_label_f1"]) == {"crude", "grain", "interest"}
 
@@ -275,3 +277,45 @@ def test_export_refuses_a_best_checkpoint_holding_code(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="hostile.ckpt: not a checkpoint of plain tensors"):
         load_checkpoint(hostile)
     assert not marker.exists()
+
+
+def test_a_warm_started_model_scores_like_the_stored_one_before_any_step(tmp_path: Path) -> None:
+    stored = fit(tmp_path / "stored")
+    texts = [r["text"] for r in rows(REVIEWS)] + ["Words it never saw: zyzzyva quokka. Superb!"]
+    expected = Pipeline(SavedModel.load(stored / "model"))(texts)
+    started = fit(tmp_path / "warm", "--model.init_from", str(stored / "model"), "--trainer.max_epochs", "0")
+    warm = Pipeline(SavedModel.load(started / "model"))(texts)
+    for a, b in zip(expected, warm, strict=True):
+        assert a.label == b.label
+        assert a.scores == pytest.approx(b.scores, abs=1e-5)
+
+
+def test_a_warm_start_on_new_labels_keeps_the_encoders_and_gets_a_new_head(tmp_path: Path) -> None:
+    import torch
+
+    stored = fit(tmp_path / "stored")
+    relabelled = tmp_path / "relabelled.jsonl"
+    relabelled.write_text("".join(
+        json.dumps({"text": r["text"], "label": {"neg": "bad", "pos": "good"}[r["label"]]}) + "\n"
+        for r in rows(REVIEWS)
+    ))
+    started = fit(tmp_path / "warm", "--model.init_from", str(stored / "model"), "--trainer.max_epochs", "0",
+                  data=relabelled)
+    old, new = SavedModel.load(stored / "model"), SavedModel.load(started / "model")
+    assert new.labels == ["bad", "good"]
+    old_state, new_state = old.model.state_dict(), new.model.state_dict()
+    for name in old_state:
+        if name.startswith(("word_rnn", "sentence_rnn", "word_attention", "sentence_attention")):
+            assert torch.equal(old_state[name], new_state[name]), name
+    assert not torch.equal(old_state["head.weight"], new_state["head.weight"])
+    shared = old.vocab.stoi["superb"]
+    assert torch.equal(old_state["embedding.weight"][shared],
+                       new_state["embedding.weight"][new.vocab.stoi["superb"]])
+
+
+def test_init_from_an_unknown_model_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--model.init_from", "han-nowhere:latest")
+    err = capsys.readouterr().err
+    assert "model.init_from: no model directory or BentoML model named 'han-nowhere:latest'" in err
+    assert "Traceback" not in err

@@ -19,6 +19,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info
 
+from han.calibration import fit_temperature
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
 from training.report import best_threshold, evaluate, headline, write_report
@@ -51,16 +52,19 @@ class ExportModel(pl.Callback):
         output_dir: where the model directory and report go; by default ``<default_root_dir>``.
         threshold: multi-label decision threshold; by default the one with the best micro-F1 on
             the validation split (0.05 to 0.95), else 0.5.
+        calibrate: fit a temperature on the validation split so that scores are calibrated
+            probabilities (the labels chosen stay the same for single-label models).
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
-                 threshold: float | None = None) -> None:
+                 threshold: float | None = None, calibrate: bool = True) -> None:
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
         self.name = name
         self.register = register
         self.output_dir = output_dir
         self.threshold = threshold
+        self.calibrate = calibrate
         self.tag: str | None = None
 
     def _root(self, trainer: pl.Trainer) -> Path:
@@ -115,6 +119,12 @@ class ExportModel(pl.Callback):
             "hyperparameters": dict(pl_module.hparams),
         }
         saved = SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
+        if self.calibrate and "validation" in data.splits:
+            texts, targets = _split(data, "validation")
+            _, logits = Pipeline(saved, batch_size=256).with_logits(texts)
+            saved.temperature = fit_temperature(logits, targets, net.config.multi_label)
+            saved.metadata["temperature_from"] = "lowest negative log-likelihood on the validation split"
+            rank_zero_info(f"calibration temperature: {saved.temperature:.4g}")
         if net.config.multi_label:
             if self.threshold is not None:
                 saved.threshold = self.threshold

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import (
@@ -19,6 +20,7 @@ from han.batch import Batch
 from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
+from training.warm_start import ARCHITECTURE, load_stored, warm_start
 
 
 class HANClassifier(pl.LightningModule):
@@ -44,6 +46,9 @@ class HANClassifier(pl.LightningModule):
         scheduler: ``onecycle`` (warm-up then cosine decay to ~0), ``cosine``, or ``constant``.
         warmup_fraction: share of steps spent warming up with ``onecycle``.
         grad_clip: clip the gradient norm to this value (0 disables).
+        init_from: start from a stored model (a BentoML tag or a model directory) instead of from
+            scratch; its sizes replace embed_dim, word_hidden, sentence_hidden and attention_dim
+            (see ``training.warm_start``).
     """
 
     def __init__(
@@ -64,8 +69,14 @@ class HANClassifier(pl.LightningModule):
         scheduler: Literal["onecycle", "cosine", "constant"] = "onecycle",
         warmup_fraction: float = 0.1,
         grad_clip: float = 5.0,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
+        self._stored = None
+        if init_from:
+            self._stored = load_stored(init_from)
+            stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
+            embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
         if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
@@ -99,6 +110,13 @@ class HANClassifier(pl.LightningModule):
         # ``han-train predict``: the exported model's pipeline, set by the export callback (which
         # owns the decision threshold) before the first batch.
         self.pipeline: Pipeline | None = None
+
+    def setup(self, stage: str) -> None:
+        # Before a checkpoint is restored (so --ckpt_path still wins), once the data's vocabulary exists.
+        if stage == "fit" and self._stored is not None:
+            data = self.trainer.datamodule
+            rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
+            self._stored = None
 
     # -- steps --------------------------------------------------------------------------------------
     def forward(self, batch: Batch) -> Tensor:

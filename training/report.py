@@ -13,16 +13,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 
+from han import calibration
 from han.pipeline import Pipeline
 from han.results import DocumentResult
 
 
 def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> dict[str, Any]:
     """Classify ``texts`` through the inference pipeline and compare with ``targets``: class
-    indices (single-label) or a 0/1 matrix (multi-label). ``results`` holds each document's result."""
-    results = pipeline(texts)
+    indices (single-label) or a 0/1 matrix (multi-label). ``results`` holds each document's result;
+    ``calibration`` the expected calibration error before and after the model's temperature."""
+    results, logits = pipeline.with_logits(texts)
     labels = pipeline.labels
-    report: dict[str, Any] = {"documents": len(texts), "results": results}
+    report: dict[str, Any] = {
+        "documents": len(texts),
+        "results": results,
+        "calibration": calibration_report(logits, targets, pipeline.multi_label, pipeline.saved.temperature),
+    }
     if pipeline.multi_label:
         predicted = np.array([[label in r.labels for label in labels] for r in results], dtype=bool)
         truth = targets.astype(bool)
@@ -54,6 +60,19 @@ def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> dict[
     }
 
 
+def calibration_report(logits: np.ndarray, targets: np.ndarray, multi_label: bool, temperature: float) -> dict:
+    """ECE (15 bins) and the reliability bins of the raw scores and of the calibrated ones."""
+    raw = calibration.probabilities(logits, multi_label)
+    scaled = calibration.probabilities(logits, multi_label, temperature)
+    return {
+        "temperature": temperature,
+        "ece_before": round(calibration.expected_calibration_error(raw, targets, multi_label), 4),
+        "ece_after": round(calibration.expected_calibration_error(scaled, targets, multi_label), 4),
+        "bins_before": calibration.calibration_bins(raw, targets, multi_label),
+        "bins_after": calibration.calibration_bins(scaled, targets, multi_label),
+    }
+
+
 def best_threshold(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> float:
     """The multi-label decision threshold (0.05 to 0.95 in steps of 0.05) with the best micro-F1 on these documents."""
     probs = np.array([[r.scores[label] for label in pipeline.labels] for r in pipeline(texts)])
@@ -76,15 +95,18 @@ def write_predictions(path: Path, results: list[DocumentResult]) -> None:
 def headline(report: dict[str, Any]) -> dict[str, float]:
     """The few numbers worth putting in model metadata."""
     keys = ("accuracy", "macro_f1") if report["task"] == "single-label" else ("micro_f1", "macro_f1", "exact_match")
-    return {k: round(report[k], 4) for k in keys}
+    calibrated = report["calibration"]
+    return {k: round(report[k], 4) for k in keys} | {k: calibrated[k] for k in ("ece_before", "ece_after")}
 
 
 def write_report(report: dict[str, Any], directory: Path, title: str) -> Path:
-    """Write metrics.json, classification_report.txt, predictions.jsonl and (single-label) confusion_matrix.png."""
+    """Write metrics.json, classification_report.txt, predictions.jsonl, reliability.png and
+    (single-label) confusion_matrix.png."""
     directory.mkdir(parents=True, exist_ok=True)
     summary = {k: v for k, v in report.items() if k not in ("text", "results")}
     (directory / "metrics.json").write_text(json.dumps(summary, indent=2))
     write_predictions(directory / "predictions.jsonl", report["results"])
+    _plot_reliability(report["calibration"], directory / "reliability.png", title)
     (directory / "classification_report.txt").write_text(f"{title}\n\n{report['text']}")
     if report["task"] == "single-label":
         matrix = np.array(report["confusion_matrix"])
@@ -108,6 +130,26 @@ def _plot_confusion(matrix: np.ndarray, labels: list[str], path: Path, title: st
             for j in range(n):
                 colour = "white" if normalised[i, j] > 0.5 else "black"
                 ax.text(j, i, str(matrix[i, j]), ha="center", va="center", fontsize=7 if n > 10 else 10, color=colour)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_reliability(calibrated: dict[str, Any], path: Path, title: str) -> None:
+    """Accuracy against confidence per bin, before and after temperature scaling (the diagonal is perfect)."""
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfectly calibrated")
+    for key, name, colour in (("before", "raw", "tab:red"), ("after", "calibrated", "tab:blue")):
+        b = calibrated[f"bins_{key}"]
+        used = [i for i, n in enumerate(b["count"]) if n]
+        ax.plot([b["confidence"][i] for i in used], [b["accuracy"][i] for i in used], marker="o", color=colour,
+                label=f"{name} (ECE {calibrated[f'ece_{key}']:.3f})")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title}\ntemperature {calibrated['temperature']:.3g}", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

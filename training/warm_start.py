@@ -1,0 +1,62 @@
+"""Warm start: begin training from a stored model instead of from scratch (``--model.init_from``).
+
+The typical retrain is the model in production plus new labelled data. The new run keeps the
+stored model's encoders and attention, its vectors for the words both vocabularies share, and its
+head when the labels are the same (as a set); a new label set gets a new head. Words the stored
+model did not know start from its unknown-word vector, so before any step the new network scores
+every text as the stored model does (when the labels are the same), and training moves on from there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from han.model import HAN
+from han.saved_model import SavedModel
+from han.vocab import Vocabulary
+
+ARCHITECTURE = ("embed_dim", "word_hidden", "sentence_hidden", "attention_dim")
+
+
+def load_stored(ref: str) -> SavedModel:
+    """A model by BentoML tag or model directory (one clear error if neither)."""
+    import model_store
+
+    try:
+        return model_store.load(ref)
+    except model_store.ModelNotFoundError as e:
+        raise ValueError(f"model.init_from: {e}") from None
+
+
+@torch.no_grad()
+def warm_start(net: HAN, stored: SavedModel, vocab: Vocabulary, labels: list[str]) -> str:
+    """Copy what carries over from ``stored`` into ``net`` (built for ``vocab`` and ``labels``); returns a summary."""
+    source = stored.model
+    for name in ARCHITECTURE:
+        if getattr(net.config, name) != getattr(source.config, name):
+            raise ValueError(f"model.init_from: the stored model has {name}={getattr(source.config, name)}, "
+                             f"this run {getattr(net.config, name)}")
+    for part in ("word_rnn", "word_attention", "sentence_rnn", "sentence_attention"):
+        getattr(net, part).load_state_dict(getattr(source, part).state_dict())
+
+    old = source.embedding.weight
+    new = net.embedding.weight
+    shared = 0
+    for i, token in enumerate(vocab.itos):
+        j = stored.vocab.stoi.get(token)
+        if j is not None:
+            new[i] = old[j]
+            shared += 1
+        elif i != vocab.pad_id:
+            new[i] = old[stored.vocab.unk_id]
+
+    same_task = net.config.multi_label == source.config.multi_label
+    if same_task and set(labels) == set(stored.labels):
+        order = [stored.labels.index(label) for label in labels]
+        net.head.weight.copy_(source.head.weight[order])
+        net.head.bias.copy_(source.head.bias[order])
+        head = "kept its head (same labels)"
+    else:
+        head = "a new head (other labels)" if same_task else "a new head (single- vs multi-label)"
+    return (f"warm start: encoders and attention from the stored model, its vectors for {shared:,} of "
+            f"{len(vocab):,} words, {head}")
