@@ -70,8 +70,9 @@ def calibration_bins(probs: np.ndarray, targets: np.ndarray, multi_label: bool, 
     }
 
 
-def expected_calibration_error(probs: np.ndarray, targets: np.ndarray, multi_label: bool,
-                               bins: int = ECE_BINS) -> float:
+def expected_calibration_error(
+    probs: np.ndarray, targets: np.ndarray, multi_label: bool, bins: int = ECE_BINS
+) -> float:
     """ECE: the count-weighted mean gap between confidence and accuracy over the bins."""
     b = calibration_bins(probs, targets, multi_label, bins)
     count = np.asarray(b["count"], dtype=np.float64)

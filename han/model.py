@@ -89,6 +89,18 @@ def _mask(lengths: Tensor, steps: int) -> Tensor:
     return torch.arange(steps, device=lengths.device) < lengths.unsqueeze(1)
 
 
+def to_documents(per_sentence: Tensor, document_lengths: Tensor) -> Tensor:
+    """Rows of the flat sentence list [sentences, ...] grouped per document [docs, max_sentences, ...],
+    zero-padded."""
+    docs, max_sentences = document_lengths.shape[0], int(document_lengths.max())
+    doc_index = torch.repeat_interleave(torch.arange(docs, device=per_sentence.device), document_lengths)
+    starts = torch.cumsum(document_lengths, 0) - document_lengths
+    position = torch.arange(per_sentence.shape[0], device=per_sentence.device) - starts[doc_index]
+    grouped = per_sentence.new_zeros(docs, max_sentences, *per_sentence.shape[1:])
+    grouped[doc_index, position] = per_sentence
+    return grouped
+
+
 class Block(NamedTuple):
     """Rows of similar length that run dense together in training."""
 
@@ -116,10 +128,10 @@ class BiGRU(nn.Module):
     """A bidirectional GRU over right-padded sequences of different lengths (at least 1).
 
     The backward direction reads each sequence reversed within its own length, so padding never
-    reaches a real position. Without gradients the sequences are packed (no compute on padding,
-    fastest for inference); with gradients they are sorted into a few blocks of similar length
-    and run dense (little padding, and several times faster to back-propagate on a CPU than
-    packed sequences). Both give the same outputs.
+    reaches a real position. Outside training the sequences are packed (no compute on padding,
+    fastest for inference, and what attributions differentiate); in training they are sorted into
+    a few blocks of similar length and run dense (little padding, and several times faster to
+    back-propagate on a CPU than packed sequences). Both give the same outputs.
     """
 
     def __init__(self, input_dim: int, hidden: int) -> None:
@@ -130,7 +142,7 @@ class BiGRU(nn.Module):
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length."""
         steps = x.shape[1]
-        if not torch.is_grad_enabled():
+        if not self.training or not torch.is_grad_enabled():
             return self._packed_bidirectional(x, lengths)
         restore, blocks = length_blocks(lengths)
         outputs = []
@@ -184,7 +196,6 @@ class HAN(nn.Module):
 
     def forward(self, words: Tensor, sentence_lengths: Tensor, document_lengths: Tensor) -> HANOutput:
         """words [sentences, max_words] of ids; sentence_lengths [sentences]; document_lengths [docs]."""
-        max_words = words.shape[1]
         # Words -> sentence vectors.
         if self.training and self.config.word_dropout > 0:
             dropped = torch.rand(words.shape, device=words.device) < self.config.word_dropout
@@ -192,23 +203,17 @@ class HAN(nn.Module):
         sentence_vectors, word_weights = self._sentence_vectors(words, sentence_lengths)
 
         # Sentence vectors grouped per document -> document vectors.
-        docs, max_sentences = document_lengths.shape[0], int(document_lengths.max())
-        doc_index = torch.repeat_interleave(torch.arange(docs, device=words.device), document_lengths)
-        starts = torch.cumsum(document_lengths, 0) - document_lengths
-        position = torch.arange(words.shape[0], device=words.device) - starts[doc_index]
-        grouped = sentence_vectors.new_zeros(docs, max_sentences, sentence_vectors.shape[1])
-        grouped[doc_index, position] = sentence_vectors
+        max_sentences = int(document_lengths.max())
+        grouped = to_documents(sentence_vectors, document_lengths)
         g = self.sentence_rnn(grouped, document_lengths)
         document_vectors, sentence_weights = self.sentence_attention(g, _mask(document_lengths, max_sentences))
 
         logits = self.head(self.dropout(document_vectors))
-        word_grid = word_weights.new_zeros(docs, max_sentences, max_words)
-        word_grid[doc_index, position] = word_weights
-        return HANOutput(logits, word_grid, sentence_weights)
+        return HANOutput(logits, to_documents(word_weights, document_lengths), sentence_weights)
 
     def _sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Words -> one vector per sentence [sentences, 2*word_hidden] and word weights [sentences, max_words]."""
-        if not torch.is_grad_enabled():
+        if not self.training or not torch.is_grad_enabled():
             h = self.word_rnn(self.embedding(words), lengths)
             return self.word_attention(h, _mask(lengths, words.shape[1]))
         # Training: sentences sorted into blocks of similar length, each run dense to its own width

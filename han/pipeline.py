@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from han.attribution import METHODS, WITHIN_SENTENCE, attribute
 from han.batch import collate_flat, length_sorted_chunks
 from han.model import HANOutput
 from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
@@ -77,20 +78,23 @@ class Pipeline:
         return cls(SavedModel.load(path), **kwargs)
 
     def __call__(
-        self, texts: Sequence[object], explain: Explain = None, errors: Errors = "raise"
+        self, texts: Sequence[object], explain: Explain = None, errors: Errors = "raise", method: str = "attention"
     ) -> list[DocumentResult | DocumentError]:
         """Classify ``texts`` in input order. A bad document raises InvalidDocumentError (the first
-        one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place."""
-        return self._run(texts, explain, errors, None)
+        one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place.
+        ``method`` is the explanation method (han.attribution.METHODS) when ``explain`` asks for one."""
+        if method not in METHODS:
+            raise ValueError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+        return self._run(texts, explain, errors, None, method if explain is not None else "attention")
 
     def with_logits(self, texts: Sequence[str]) -> tuple[list[DocumentResult], np.ndarray]:
         """``__call__`` (no explanation, bad documents raise) that also returns the raw logits
         [documents, labels], before calibration: what evaluation needs to measure it."""
         logits = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
-        return self._run(texts, None, "raise", logits), logits  # type: ignore[return-value]
+        return self._run(texts, None, "raise", logits, "attention"), logits  # type: ignore[return-value]
 
     def _run(
-        self, texts: Sequence[object], explain: Explain, errors: Errors, logits: np.ndarray | None
+        self, texts: Sequence[object], explain: Explain, errors: Errors, logits: np.ndarray | None, method: str
     ) -> list[DocumentResult | DocumentError]:
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
         valid = []
@@ -111,7 +115,7 @@ class Pipeline:
                 raise InvalidDocumentError(i, EMPTY_REASON)
             else:
                 out[i] = DocumentError(i, EMPTY_REASON)
-        for chunk, output in self.forward([self.encode(s) for s in segments]):
+        for chunk, output in self.forward([self.encode(s) for s in segments], method):
             if logits is not None:
                 logits[[kept[k] for k in chunk]] = output.logits.numpy()
             probs = self.scores(output.logits)
@@ -120,6 +124,7 @@ class Pipeline:
             for row, k in enumerate(chunk):
                 result = self.decide(probs[row].tolist(), segments[k].truncated)
                 if explain is not None:
+                    result.method = method
                     self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
                 out[kept[k]] = result
         return out  # type: ignore[return-value]
@@ -135,12 +140,18 @@ class Pipeline:
         ids = np.fromiter((i for keys in segment.token_keys for i in encode(keys)), dtype=np.int64)
         return ids, np.fromiter(map(len, segment.token_keys), dtype=np.int64)
 
-    @torch.inference_mode()
-    def forward(self, encoded: Sequence[Encoded]) -> Iterator[tuple[list[int], HANOutput]]:
-        """Run the model over encoded documents in length-sorted batches: yields (indices, output)."""
+    def forward(self, encoded: Sequence[Encoded], method: str = "attention") -> Iterator[tuple[list[int], HANOutput]]:
+        """Run the model over encoded documents in length-sorted batches: yields (indices, output),
+        the output's weights those of the explanation ``method`` (see han.attribution)."""
         sizes = [len(ids) for ids, _ in encoded]
         for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
-            yield chunk, self.model(*collate_flat([encoded[i] for i in chunk]))
+            batch = collate_flat([encoded[i] for i in chunk])
+            if method == "attention":
+                with torch.inference_mode():
+                    yield chunk, self.model(*batch)
+            else:
+                logits, sentence_weights, word_weights = attribute(self.model, batch, method)
+                yield chunk, HANOutput(logits, word_weights, sentence_weights)
 
     def scores(self, logits: torch.Tensor) -> np.ndarray:
         """Calibrated label probabilities [documents, labels]: of logits / the model's temperature."""
@@ -165,8 +176,9 @@ class Pipeline:
         word_weights: np.ndarray,
         mode: Literal["full"] | TopK,
     ) -> None:
-        """Attach the explanation: every sentence and word (``"full"``), or the top k of each (TopK;
-        a word's weight is then its sentence's weight times its weight within the sentence)."""
+        """Attach the explanation: every sentence and word (``"full"``), or the top k of each by
+        magnitude (TopK; an attention word's weight is then its sentence's weight times its weight
+        within the sentence, so that words compare across sentences)."""
         n = len(segment.sentence_spans)
         text = segment.text
         if mode == "full":
@@ -185,16 +197,19 @@ class Pipeline:
             return
         assert isinstance(mode, TopK)
         sw = sentence_weights[:n].astype(np.float64)
-        top_s = heapq.nlargest(mode.sentences, range(n), key=sw.__getitem__)
+        top_s = heapq.nlargest(mode.sentences, range(n), key=lambda s: abs(sw[s]))
         result.top_sentences = [
             SentenceWeight(text[a:b], a, b, round(float(sw[s]), DECIMALS))
             for s in top_s
             for a, b in [segment.sentence_spans[s]]
         ]
         words = [(s, w) for s in range(n) for w in range(len(segment.token_spans[s]))]
-        doc_weights = (sw[:, None] * word_weights[:n].astype(np.float64)).ravel()
+        doc_weights = word_weights[:n].astype(np.float64)
+        if result.method in WITHIN_SENTENCE:
+            doc_weights = sw[:, None] * doc_weights
+        doc_weights = doc_weights.ravel()
         width = word_weights.shape[1]
-        top_w = heapq.nlargest(mode.words, words, key=lambda sw_: doc_weights[sw_[0] * width + sw_[1]])
+        top_w = heapq.nlargest(mode.words, words, key=lambda sw_: abs(doc_weights[sw_[0] * width + sw_[1]]))
         result.top_words = [
             WordWeight(text[a:b], a, b, round(float(doc_weights[s * width + w]), DECIMALS))
             for s, w in top_w

@@ -62,6 +62,10 @@ class DocumentResult:
     """Every label's probability."""
     truncated: bool
     """The document was longer than the model's caps and was cut."""
+    method: str | None = None
+    """The explanation method that produced the weights (absent without an explanation): attention
+    (>= 0, a word's weight within its sentence), attention_gradient, integrated_gradients or occlusion
+    (signed: positive for the label, negative against it; a word's weight is its share of the document)."""
     sentences: list[SentenceWeight] | None = None
     """Full explanation: every sentence and word with its attention (absent unless asked for)."""
     top_sentences: list[SentenceWeight] | None = None
@@ -85,7 +89,7 @@ def output_columns(labels: list[str], multi_label: bool, top_k: bool) -> list[st
     spread into ``score_<label>``; ``labels`` only for multi-label models; the top-k lists only
     when asked for; the full ``sentences`` tree never (it is not tabular)."""
     skipped = {"sentences"} | (set() if multi_label else {"labels"})
-    skipped |= set() if top_k else {"top_sentences", "top_words"}
+    skipped |= set() if top_k else {"method", "top_sentences", "top_words"}
     columns = []
     for f in fields(DocumentResult):
         if f.name == "scores":

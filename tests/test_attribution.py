@@ -1,0 +1,76 @@
+"""Explanation methods: shapes, sign conventions, and what each one claims to measure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from han import Pipeline, SavedModel
+from han.attribution import METHODS, SIGNED, attribute
+from han.batch import collate_flat
+
+TEXTS = ["A wonderful film. The cast is superb! I loved it.", "Awful. Boring plot.", "Superb."]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_model_dir: Path) -> Pipeline:
+    return Pipeline(SavedModel.load(tiny_model_dir))
+
+
+def batch_of(pipeline: Pipeline, texts: list[str]):
+    return collate_flat([pipeline.encode(s) for s in pipeline.segment(texts)])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_weighs_every_real_sentence_and_word_and_nothing_else(pipeline: Pipeline, method: str) -> None:
+    batch = batch_of(pipeline, TEXTS)
+    logits, sentences, words = attribute(pipeline.model, batch, method)
+    docs, max_sentences, max_words = len(TEXTS), int(batch.document_lengths.max()), batch.words.shape[1]
+    assert logits.shape == (docs, 2)
+    assert sentences.shape == (docs, max_sentences) and words.shape == (docs, max_sentences, max_words)
+    real = torch.arange(max_sentences) < batch.document_lengths[:, None]
+    assert torch.all(sentences[~real] == 0) and torch.all(words[~real] == 0)
+    if method not in SIGNED:  # the signed ones' meaning is tested below (drops, and completeness)
+        assert torch.all(sentences >= 0) and torch.all(words >= 0)
+        assert torch.allclose(sentences.sum(1), torch.ones(docs), atol=1e-5)
+    # the logits are the model's, whatever the method
+    with torch.inference_mode():
+        torch.testing.assert_close(logits, pipeline.model(*batch).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_a_sentences_occlusion_weight_is_the_measured_drop_when_it_is_removed(pipeline: Pipeline) -> None:
+    text = TEXTS[0]
+    _, sentences, _ = attribute(pipeline.model, batch_of(pipeline, [text]), "occlusion")
+    (full,) = pipeline([text], explain="full")
+    label = full.label
+    for s, sentence in enumerate(full.sentences):
+        without = text[: sentence.start] + text[sentence.end :]
+        (result,) = pipeline([without])
+        assert sentences[0, s].item() == pytest.approx(full.scores[label] - result.scores[label], abs=1e-5)
+
+
+def test_integrated_gradients_add_up_to_the_change_from_an_empty_input(pipeline: Pipeline) -> None:
+    batch = batch_of(pipeline, TEXTS)
+    logits, sentences, words = attribute(pipeline.model, batch, "integrated_gradients")
+    target = logits.argmax(-1)
+    handle = pipeline.model.embedding.register_forward_hook(lambda _m, _i, output: output * 0)
+    try:
+        with torch.inference_mode():
+            empty = pipeline.model.probabilities(pipeline.model(*batch).logits)
+    finally:
+        handle.remove()
+    probs = pipeline.model.probabilities(logits)
+    change = probs.gather(1, target[:, None]) - empty.gather(1, target[:, None])
+    torch.testing.assert_close(words.sum((1, 2)), change.squeeze(1), atol=0.03, rtol=0.05)
+    torch.testing.assert_close(sentences, words.sum(-1))
+
+
+def test_the_pipeline_names_the_method_and_refuses_an_unknown_one(pipeline: Pipeline) -> None:
+    (result,) = pipeline([TEXTS[0]], explain="full", method="attention_gradient")
+    assert result.method == "attention_gradient"
+    (plain,) = pipeline([TEXTS[0]])
+    assert plain.method is None and plain.scores == result.scores
+    with pytest.raises(ValueError, match="unknown explanation method 'shap'; choose one of attention, "):
+        pipeline([TEXTS[0]], explain="full", method="shap")
