@@ -42,8 +42,9 @@ def test_ece_of_a_perfectly_calibrated_model_is_near_zero_and_bins_add_up() -> N
     assert sum(bins["count"]) == 20000 and len(bins["count"]) == 15
 
 
-def test_a_model_directory_carries_its_temperature_and_the_pipeline_applies_it(tiny_model_dir: Path,
-                                                                               tmp_path: Path) -> None:
+def test_a_model_directory_carries_its_temperature_and_the_pipeline_applies_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     texts = ["A wonderful, superb film. Loved it.", "Awful and boring. Hated it."]
     saved = SavedModel.load(tiny_model_dir)
     assert saved.temperature == 1.0  # written before calibration existed: unchanged scores

@@ -1,11 +1,11 @@
 """The architecture, enforced: which package may import which, and modules kept small.
 
-    han/           the model library (PyTorch + spaCy)          imports nothing of ours
-    model_store/   the BentoML model store                      han
-    training/      han-train (Lightning)                        han, model_store
-    service/       the BentoML service                          han, model_store
-    scoring/       han-score                                    han, model_store
-    tests/, benchmarks/  never the serving entry points (service.run, service.service)
+han/           the model library (PyTorch + spaCy)          imports nothing of ours
+model_store/   the BentoML model store                      han
+training/      han-train (Lightning)                        han, model_store
+service/       the BentoML service                          han, model_store
+scoring/       han-score                                    han, model_store
+tests/, benchmarks/  never the serving entry points (service.run, service.service)
 """
 
 from __future__ import annotations

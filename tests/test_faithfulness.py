@@ -1,0 +1,73 @@
+"""Faithfulness measures give the known answer on a hand-made model that reads one word."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from han import HAN, HANConfig, Pipeline, SavedModel, SegmenterConfig, Vocabulary
+from han.faithfulness import K_PERCENT, evaluate_faithfulness
+
+WORDS = ["plot", "film", "acting", "story", "long", "music", "scene", "cast"]
+
+
+def one_word_model(word: str = "superb") -> SavedModel:
+    """A HAN that says "pos" exactly when ``word`` occurs: only that word has an embedding, the GRUs
+    keep no memory (update gate shut), and both attentions put all their weight on a non-zero state."""
+    vocab = Vocabulary([word, *WORDS])
+    config = HANConfig(
+        vocab_size=len(vocab),
+        num_labels=2,
+        embed_dim=4,
+        word_hidden=4,
+        sentence_hidden=4,
+        attention_dim=4,
+        dropout=0.0,
+        word_dropout=0.0,
+    )
+    model = HAN(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embedding.weight[vocab.stoi[word], 0] = 3.0
+        for rnn in (model.word_rnn, model.sentence_rnn):
+            for gru in (rnn.forward_rnn, rnn.backward_rnn):
+                gru.bias_ih_l0[4:8] = -30.0  # update gate z = 0: h_t = n_t, no memory
+                gru.weight_ih_l0[8, 0] = 3.0  # candidate n_t = tanh(3 x_t[0])
+        for attention in (model.word_attention, model.sentence_attention):
+            attention.proj.weight[0, 0] = 10.0
+            attention.context[0] = 20.0
+        model.head.weight[1, 0] = 8.0
+        model.head.weight[0, 0] = -8.0
+        model.head.bias.copy_(torch.tensor([2.0, -2.0]))
+    return SavedModel(model.eval(), vocab, ["neg", "pos"], SegmenterConfig(max_sentences=10, max_words=30))
+
+
+def test_the_hand_made_model_reads_only_its_word() -> None:
+    pipeline = Pipeline(one_word_model())
+    with_word, without = pipeline(["The plot was long. The acting was superb, the music too.", "The plot was long."])
+    assert with_word.label == "pos" and with_word.scores["pos"] > 0.99
+    assert without.label == "neg" and without.scores["pos"] < 0.03
+
+
+def test_attention_finds_the_word_and_scores_what_removing_it_does() -> None:
+    pipeline = Pipeline(one_word_model())
+    texts = [
+        "The plot was long and the film was long. The acting was superb. The music, the scene, the cast.",
+        "Superb. The story was long, the film was long, the plot was long, the cast was long.",
+        "The film. The plot. The story. The superb acting. The music. The scene.",
+    ]
+    p = [r.scores["pos"] for r in pipeline(texts)]
+    gap = sum(p) / len(p) - pipeline(["The plot was long."])[0].scores["pos"]
+    result = evaluate_faithfulness(pipeline, texts, methods=["attention"], tau_documents=0)
+    attention, random = result["methods"]["attention"], result["methods"]["random"]
+    # The word is ranked first, so removing even the top 1% removes it; keeping only it keeps the label.
+    assert attention["comprehensiveness"] == pytest.approx([gap] * len(K_PERCENT), abs=1e-3)
+    assert attention["sufficiency"] == pytest.approx([0.0] * len(K_PERCENT), abs=1e-3)
+    assert attention["top1_sentence_drop"] == pytest.approx(gap, abs=1e-3)
+    assert attention["top1_sentence_flip_rate"] == 1.0
+    # A random order finds it late: at 50% it has removed it in about half the documents at most.
+    assert (
+        random["comprehensiveness"][0] < 0.1 and random["comprehensiveness_aopc"] < attention["comprehensiveness_aopc"]
+    )
+    assert random["sufficiency_aopc"] > 0.3
