@@ -22,6 +22,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from han.calibration import fit_temperature
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
+from training.faithfulness_report import faithfulness_report
 from training.report import best_threshold, evaluate, headline, write_report
 
 
@@ -54,10 +55,17 @@ class ExportModel(pl.Callback):
             the validation split (0.05 to 0.95), else 0.5.
         calibrate: fit a temperature on the validation split so that scores are calibrated
             probabilities (the labels chosen stay the same for single-label models).
+        faithfulness: documents of the test split (else validation) on which every explanation
+            method is measured against a random one (0 skips it); see han.faithfulness.
+        faithfulness_tau: of those, how many also get the Kendall tau against leave-one-word-out
+            (it runs the model once per word).
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
-                 threshold: float | None = None, calibrate: bool = True) -> None:
+                 threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
+                 faithfulness_tau: int = 50) -> None:
+        if faithfulness < 0 or faithfulness_tau < 0:
+            raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
         self.name = name
@@ -65,6 +73,8 @@ class ExportModel(pl.Callback):
         self.output_dir = output_dir
         self.threshold = threshold
         self.calibrate = calibrate
+        self.faithfulness = faithfulness
+        self.faithfulness_tau = faithfulness_tau
         self.tag: str | None = None
 
     def _root(self, trainer: pl.Trainer) -> Path:
@@ -84,6 +94,8 @@ class ExportModel(pl.Callback):
                 report = self._report(saved, data, split, self._root(trainer) / "report" / split)
                 metrics[split] = headline(report)
         saved.metadata["metrics"] = metrics
+        if faithfulness := self._faithfulness(saved, data, self._root(trainer) / "report"):
+            saved.metadata["faithfulness"] = faithfulness
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
         if self.register:
@@ -96,6 +108,7 @@ class ExportModel(pl.Callback):
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
             self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test")
+            self._faithfulness(saved, trainer.datamodule, self._root(trainer) / "report")
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pl_module.pipeline = Pipeline(self.saved_model(trainer, pl_module, best=False), batch_size=256)
@@ -133,6 +146,18 @@ class ExportModel(pl.Callback):
                 saved.metadata["threshold_from"] = "best micro-F1 on the validation split"
             rank_zero_info(f"multi-label decision threshold: {saved.threshold}")
         return saved
+
+    def _faithfulness(self, saved: SavedModel, data: Any, root: Path) -> dict[str, Any] | None:
+        split = "test" if "test" in data.splits else "validation"
+        if not self.faithfulness:
+            return None
+        title = f"{saved.metadata.get('name') or 'model'}: explanation faithfulness on {split}"
+        summary = faithfulness_report(Pipeline(saved, batch_size=256), data.texts(split), self.faithfulness,
+                                      self.faithfulness_tau, root / split, title)
+        rank_zero_info(f"faithfulness on {split} ({summary['documents']} documents): " + "; ".join(
+            f"{m} comprehensiveness {v['comprehensiveness_aopc']:.3f} sufficiency {v['sufficiency_aopc']:.3f}"
+            for m, v in summary["methods"].items()))
+        return {"split": split, **summary}
 
     @staticmethod
     def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:
