@@ -38,37 +38,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "datasets" / "imdb"
-CACHE = REPO / ".cache" / "bench-imdb-random"
 
 ENV = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def build_random_imdb_model(directory: Path, train: Path) -> Path:
-    """A model directory with the default architecture, the IMDB-train vocabulary and random weights."""
-    import pyarrow.parquet as pq
-    import torch
-
-    from han import HAN, HANConfig, SavedModel, Segmenter, SegmenterConfig, Vocabulary
-
-    texts = pq.read_table(train, columns=["text"]).column("text").to_pylist()
-    segmenter_config = SegmenterConfig()
-    segments = Segmenter(segmenter_config).segment_many(texts)
-    vocab = Vocabulary.build((s.token_keys for s in segments), min_freq=2, max_size=50_000)
-    torch.manual_seed(0)
-    model = HAN(HANConfig(vocab_size=len(vocab), num_labels=2)).eval()
-    metadata = {"dataset": "imdb", "weights": "random (benchmark only)"}
-    return SavedModel(model, vocab, ["neg", "pos"], segmenter_config, metadata=metadata).save(directory)
-
-
-def cached_model_loads(directory: Path) -> bool:
-    """Whether the cached model still loads (the han library's format may have changed since it was built)."""
-    from han import ModelDirectoryError, SavedModel
-
-    try:
-        SavedModel.load(directory)
-    except ModelDirectoryError:
-        return False
-    return True
 
 
 def first_rows(source: Path, rows: int, dest: Path) -> Path:
@@ -244,10 +215,10 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        if not cached_model_loads(CACHE):
-            print(f"building the random-weight IMDB model in {CACHE} (segments IMDB train once, ~30 s) ...", flush=True)
-            build_random_imdb_model(CACHE, args.data.parent / "train.parquet")
-        model = str(CACHE)
+        sys.path.insert(0, str(REPO))
+        from benchmarks.bench_model import bench_model_dir
+
+        model = str(bench_model_dir(args.data.parent / "train.parquet"))
 
     import pyarrow.parquet as pq
 

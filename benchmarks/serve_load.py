@@ -30,9 +30,7 @@ import platform
 import random
 import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +38,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from service.run import stop_process_group, wait_ready
+from service.process import free_port, start_server, stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
@@ -71,61 +69,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------
 
 
-def make_bench_model(data: Path, name: str = "han-bench") -> str:
-    """Register (once) the default architecture with random weights and an IMDB-train vocabulary."""
-    import bentoml
-
-    try:
-        return str(bentoml.models.get(f"{name}:latest").tag)
-    except bentoml.exceptions.NotFound:
-        pass
-    import pandas as pd
-    import torch
-
-    from han import HAN, HANConfig, SavedModel, Segmenter, SegmenterConfig, Vocabulary
-    from model_store import register
-
-    print(f"registering {name}: vocabulary from {data / 'train.parquet'} ...", flush=True)
-    texts = pd.read_parquet(data / "train.parquet", columns=["text"])["text"].tolist()
-    segmenter = Segmenter(SegmenterConfig())
-    vocab = Vocabulary.build((s.token_keys for s in segmenter.segment_many(texts)), min_freq=2, max_size=50_000)
-    torch.manual_seed(0)
-    model = HAN(HANConfig(vocab_size=len(vocab), num_labels=2)).eval()
-    saved = SavedModel(model, vocab, ["neg", "pos"], SegmenterConfig(), metadata={"dataset": "imdb (random weights)"})
-    return register(saved, name, {"note": "benchmark stand-in: random weights, IMDB-train vocabulary"})
-
-
 # ------------------------------------------------------------------------------------------------
 # The server
 # ------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
     def __init__(self, tag: str, workers: int | None, service: str, extra_env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HAN_MODEL_TAG": tag, "BENTOML_DO_NOT_TRACK": "true"}
-        if workers:
-            env["HAN_WORKERS"] = str(workers)
+        env = {"HAN_WORKERS": str(workers)} if workers else {}
         env.update(extra_env)
         self.service = service
-        serve_args = ["--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path = Path(tempfile.gettempdir()) / f"serve_load-{self.port}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bentoml", "serve", service, *serve_args],
-            cwd=REPO,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.process = start_server(tag, self.port, env=env, log=self.log, service=service)
 
     def wait_ready(self, timeout: float = 180) -> None:
         if wait_ready(self.url, self.process, timeout):
@@ -283,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
     sys.path.insert(0, str(REPO))
     if args.make_bench_model:
-        tag = make_bench_model(args.data)
+        from benchmarks.bench_model import bench_model_dir, register_bench_model
+
+        bench_model_dir(args.data / "train.parquet")
+        tag = register_bench_model()
     else:
         tag = args.tag or os.environ.get("HAN_MODEL_TAG") or "han-imdb:latest"
 

@@ -12,19 +12,16 @@ error: only the default model is trained here.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
+from service.process import REPO, start_server, wait_ready
 
-REPO = Path(__file__).resolve().parent.parent
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
 
 
@@ -59,34 +56,9 @@ def train_default_model() -> None:
         sys.exit(f"training the default model failed (exit status {e.returncode})")
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.25)
-    return False
-
-
-def stop_process_group(process: subprocess.Popen, timeout: float = 20, sig: int = signal.SIGTERM) -> None:
-    """Signal a process started with ``start_new_session=True`` and its children; SIGKILL them all
-    if it has not exited after ``timeout`` seconds."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, sig)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    apply_defaults()
     tag = args.tag or default_model_tag()
     if not has_model(tag):
         if tag.split(":")[0] != DEFAULT_MODEL_TAG.split(":")[0]:
@@ -97,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     url = f"http://{host}:{args.port}"
-    env = {**os.environ, MODEL_TAG_ENV: tag, "BENTOML_DO_NOT_TRACK": os.environ.get("BENTOML_DO_NOT_TRACK", "true")}
-    command = [sys.executable, "-m", "bentoml", "serve", "service.service:HANClassifier"]
-    command += ["--host", args.host, "--port", str(args.port)]
     print(f"Starting the service for {tag} on {url} ...", flush=True)
-    process = subprocess.Popen(command, cwd=REPO, env=env)
+    process = start_server(tag, args.port, host=args.host, own_session=False)  # Ctrl+C reaches it too
     try:
         if wait_ready(f"http://127.0.0.1:{args.port}" if args.host in ("0.0.0.0", "::") else url, process):
             print(f"\n  Ready: {url}   (web page {url}/, API docs {url}/docs; Ctrl+C stops it)\n", flush=True)

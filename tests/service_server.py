@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from service.run import stop_process_group, wait_ready
+from service.process import free_port, start_server, stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_MODEL_NAME = "han-test"
@@ -33,12 +32,6 @@ import han
 from model_store import register
 print(register(han.SavedModel.load(sys.argv[1]), sys.argv[2]))
 """
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(bentoml_home: Path) -> dict[str, str]:
@@ -86,17 +79,9 @@ class ServiceServer:
         port = free_port()
         log_path = home / "server.log"
         server_env = base_env(home / "bentoml")
-        server_env.update(HAN_MODEL_TAG=f"{TEST_MODEL_NAME}:latest", **(env or {}))
-        serve_args = ["--port", str(port), "--host", "127.0.0.1"]
+        server_env.update(env or {})
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "bentoml", "serve", "service.service:HANClassifier", *serve_args],
-                cwd=REPO,
-                env=server_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop() ends its workers too
-            )
+            process = start_server(f"{TEST_MODEL_NAME}:latest", port, env=server_env, log=log)
         server = cls(f"http://127.0.0.1:{port}", process, home, log_path, tag)
         try:
             server.wait_ready(timeout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import han
-from service.service import MAX_DOCUMENTS, ClassifyResponse, ModelInfo
+from service.api import MAX_DOCUMENTS, ClassifyResponse, ModelInfo
 from tests.service_server import ServiceServer, shared_server, tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
 
@@ -33,9 +34,9 @@ def server(request: pytest.FixtureRequest) -> ServiceServer:
 
 
 @pytest.fixture(scope="session")
-def predictor(request: pytest.FixtureRequest) -> han.Predictor:
+def predictor(request: pytest.FixtureRequest) -> han.Pipeline:
     """The same model in-process: what the service must agree with."""
-    return han.Predictor(han.SavedModel.load(tiny_model_dir_quickly(request)))
+    return han.Pipeline(han.SavedModel.load(tiny_model_dir_quickly(request)))
 
 
 def classify(server: ServiceServer, documents: list, explain: bool = True) -> list[dict]:
@@ -45,7 +46,7 @@ def classify(server: ServiceServer, documents: list, explain: bool = True) -> li
     return body["results"]
 
 
-def assert_same_prediction(result: dict, expected: han.Prediction) -> None:
+def assert_same_prediction(result: dict, expected: han.DocumentResult) -> None:
     assert result["label"] == expected.label
     assert result["labels"] == expected.labels
     assert result["scores"] == pytest.approx(expected.scores, abs=1e-5)
@@ -61,7 +62,7 @@ def test_classify_returns_labels_scores_and_explanations_in_input_order(server, 
     documents = [REVIEWS[0], REVIEWS[-1], "Terrible.\n\nI walked out after twenty minutes. Awful acting!", REVIEWS[4]]
     results = classify(server, documents)
     assert len(results) == len(documents)
-    for document, result, expected in zip(documents, results, predictor.predict(documents), strict=True):
+    for document, result, expected in zip(documents, results, predictor(documents, explain="full"), strict=True):
         assert_same_prediction(result, expected)
         assert set(result["scores"]) == {"neg", "pos"}
         assert sum(result["scores"].values()) == pytest.approx(1, abs=1e-4)
@@ -85,7 +86,7 @@ def test_classify_returns_labels_scores_and_explanations_in_input_order(server, 
 
 def test_without_explain_the_sentences_are_left_out(server, predictor):
     results = classify(server, REVIEWS[:3], explain=False)
-    for result, expected in zip(results, predictor.predict(REVIEWS[:3], explain=False), strict=True):
+    for result, expected in zip(results, predictor(REVIEWS[:3]), strict=True):
         assert "sentences" not in result
         assert_same_prediction(result, expected)
 
@@ -168,9 +169,10 @@ def test_pages_and_openapi_document(server):
 
 
 def test_binds_to_loopback_by_default():
-    from service.service import HANClassifier
-
-    assert HANClassifier.config["http"]["host"] == "127.0.0.1"
+    code = "from service.service import HANClassifier; print(HANClassifier.config['http']['host'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "HAN_MODEL_TAG": "han-anything:latest"})
+    assert done.stdout.strip().splitlines()[-1] == "127.0.0.1"
 
 
 # ------------------------------------------------------------------------------------------
@@ -208,7 +210,14 @@ BAD_BODIES = [
     ("not an object", b'["a", "b"]', 422, "must be a JSON object"),
     ("missing documents", b'{"explain": true}', 422, "documents: this field is required"),
     ("documents not a list", b'{"documents": "a review"}', 422, "documents: must be a list of strings, not a string"),
-    ("explain not a boolean", b'{"documents": ["a"], "explain": "yes"}', 422, "explain: must be true or false"),
+    (
+        "explain not a boolean or a method",
+        b'{"documents": ["a"], "explain": "yes"}',
+        422,
+        "explain: unknown method 'yes'; it must be true, false or a method name (attention, attention_gradient, "
+        "integrated_gradients, occlusion)",
+    ),
+    ("explain a number", b'{"documents": ["a"], "explain": 1}', 422, "explain: must be true, false or a method"),
     ("unknown field", b'{"documents": ["a"], "document": "b"}', 422, "document: unknown field"),
     ("invalid UTF-8", b'{"documents": ["caf\xe9 \xff"]}', 400, "not valid UTF-8"),
     ("lone surrogate", b'{"documents": ["bad \\ud800 text"]}', 400, "not valid JSON"),

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from service.run import stop_process_group
+from service.process import stop_process_group
 from tests.service_server import REPO, ServiceServer, base_env, free_port, shared_server, tiny_model_dir_quickly
 
 pytestmark = pytest.mark.slow

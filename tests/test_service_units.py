@@ -1,16 +1,20 @@
-"""In-process pieces of the service: the cross-request batcher and the JSON rendering (no server)."""
+"""In-process pieces of the service: the cross-request batcher and the response serialisation (no server)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 import han
-from service.service import DocumentResult, RequestBatcher, render, served_model_tag
+from service.api import ClassifyResponse
+from service.batcher import RequestBatcher
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
 
@@ -109,30 +113,32 @@ def test_batcher_drops_callers_that_went_away():
     assert seen == [1, 3]
 
 
-def test_render_is_a_document_result_with_the_predictions_numbers(request: pytest.FixtureRequest):
-    predictor = han.Predictor(han.SavedModel.load(tiny_model_dir_quickly(request)))
+def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRequest):
+    pipeline = han.Pipeline(han.SavedModel.load(tiny_model_dir_quickly(request)))
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
-    for explain in (True, False):
-        for text, prediction in zip(texts, predictor.predict(texts, explain=explain), strict=True):
-            rendered = render(prediction)
-            assert rendered.isascii()
-            data = json.loads(rendered)
-            DocumentResult.model_validate(data)
-            assert data["label"] == prediction.label and data["labels"] == prediction.labels
-            assert data["scores"] == pytest.approx(prediction.scores, abs=1e-6)
-            assert data["truncated"] is prediction.truncated
-            assert ("sentences" in data) is explain
+    for explain in ("full", None):
+        results = pipeline(texts, explain=explain)
+        data = json.loads(ClassifyResponse.model_construct(results=results).model_dump_json())
+        ClassifyResponse.model_validate(data)
+        for text, result, prediction in zip(texts, data["results"], results, strict=True):
+            assert result["label"] == prediction.label and result["labels"] == prediction.labels
+            assert result["scores"] == prediction.scores
+            assert result["truncated"] is prediction.truncated
+            assert ("sentences" in result) is (explain is not None)
+            assert ("method" in result) is (explain is not None)
+            assert "top_words" not in result and "top_sentences" not in result  # absent, not null
             if explain:
-                words = [w for s in data["sentences"] for w in s["words"]]
+                words = [w for s in result["sentences"] for w in s["words"]]
                 expected = [w for s in prediction.sentences for w in s.words]
-                spans = [(w.text, w.start, w.end) for w in expected]
-                assert [(w["text"], w["start"], w["end"]) for w in words] == spans
-                assert [w["weight"] for w in words] == pytest.approx([w.weight for w in expected], abs=1e-6)
+                assert [(w["text"], w["start"], w["end"], w["weight"]) for w in words] == [
+                    (w.text, w.start, w.end, w.weight) for w in expected
+                ]
                 assert all(text[w["start"] : w["end"]] == w["text"] for w in words)
 
 
-def test_served_model_tag_prefers_the_environment(monkeypatch):
-    monkeypatch.setenv("HAN_MODEL_TAG", "something:v1")
-    assert served_model_tag() == "something:v1"
-    monkeypatch.delenv("HAN_MODEL_TAG")
-    assert served_model_tag() == "han-imdb:latest"  # not inside a built bento
+def test_served_model_tag_prefers_the_environment():
+    code = "from service.service import served_model_tag; print(served_model_tag())"
+    for env, expected in (({"HAN_MODEL_TAG": "something:v1"}, "something:v1"), ({}, "han-imdb:latest")):
+        environ = {k: v for k, v in os.environ.items() if k != "HAN_MODEL_TAG"} | env
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
+        assert done.stdout.strip().splitlines()[-1] == expected, done.stderr[-2000:]

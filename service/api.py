@@ -1,0 +1,121 @@
+"""The API's types: what ``POST /classify`` takes and returns, ``GET /model``, and error bodies.
+
+The result types are han's own (``han.DocumentResult`` and its parts): the response schema at
+``/docs`` is derived from them, so the service returns exactly what the pipeline gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+import han
+from han.attribution import METHODS
+
+MAX_DOCUMENTS = 256  # per request
+MAX_BODY_BYTES = 10 * 1024 * 1024  # per request
+DEFAULT_METHOD = "attention"
+Method = Literal["attention", "attention_gradient", "integrated_gradients", "occlusion"]
+assert set(Method.__args__) == set(METHODS)  # type: ignore[attr-defined]
+
+
+class ClassifyRequest(BaseModel):
+    """Documents to classify, in the order the results should come back."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"example": {"documents": ["A moving, beautifully acted film."], "explain": True}},
+    )
+
+    documents: list[StrictStr] = Field(
+        min_length=1,
+        max_length=MAX_DOCUMENTS,
+        description=f"1 to {MAX_DOCUMENTS} texts, each with at least one word. "
+        "Text past the model's caps is cut (the result says truncated: true).",
+    )
+    explain: StrictBool | Method = Field(
+        default=True,
+        description="Explain each prediction: false for no explanation (the sentences key is left out), true "
+        f"for the default method ({DEFAULT_METHOD}), or a method: attention (the model's attention, >= 0; a "
+        "word's weight is within its sentence), attention_gradient (attention times its gradient), "
+        "integrated_gradients (over the word embeddings) or occlusion (the drop in the label's probability "
+        "when the sentence or word is taken out). The last three are signed: positive weights are evidence "
+        "for the label, negative against it, and a word's weight is its share of the whole document.",
+    )
+
+
+
+def explain_method(explain: bool | str) -> str | None:
+    """The explanation method that ``explain`` asks for, or None."""
+    return None if explain is False else DEFAULT_METHOD if explain is True else str(explain)
+
+
+class ClassifyResponse(BaseModel):
+    results: list[han.DocumentResult] = Field(description="One result per document, in input order.")
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        """Absent, not null: the explanation keys of a result that has none (how BentoML sends the response)."""
+        kwargs.setdefault("exclude_none", True)
+        return super().model_dump_json(**kwargs)
+
+
+class ModelInfo(BaseModel):
+    tag: str = Field(description="The model's tag in the BentoML model store.")
+    labels: list[str]
+    task: Literal["single-label", "multi-label"]
+    threshold: float | None = Field(description="Decision threshold of a multi-label model; null for single-label.")
+    temperature: float = Field(description="Scores are probabilities of logits / temperature (1: uncalibrated).")
+    calibration: dict[str, Any] | None = Field(
+        description="Expected calibration error before and after the temperature, per evaluated split, if recorded."
+    )
+    trained_at: str | None = Field(description="When the model was trained (from its metadata), if recorded.")
+    dataset: str | None = Field(
+        description="What it was trained on (its metadata's dataset, else train_data), if recorded."
+    )
+    metrics: dict[str, Any] | None = Field(description="Evaluation metrics (from its metadata), if recorded.")
+    faithfulness: dict[str, Any] | None = Field(
+        description="How faithful each explanation method was on held-out data, against a random one, if measured."
+    )
+    explanation_methods: list[str] = Field(description="The values `explain` takes besides true and false.")
+    metadata: dict[str, Any] = Field(description="Everything the training code recorded with the model.")
+    registered_at: str = Field(description="When the model was saved into the model store.")
+    architecture: dict[str, Any] = Field(description="The network's configuration (han.HANConfig).")
+    limits: dict[str, int] = Field(description="Request limits and the model's document caps.")
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What is wrong with the request, e.g. 'documents[3]: the document is empty'.")
+
+
+def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo:
+    """GET /model's answer for a loaded model."""
+    meta = saved.metadata
+    config = saved.model.config
+    metrics = meta["metrics"] if isinstance(meta.get("metrics"), dict) else None
+    calibration = {
+        split: {k: v for k, v in figures.items() if k.startswith("ece_")}
+        for split, figures in (metrics or {}).items()
+        if isinstance(figures, dict) and "ece_after" in figures
+    }
+    return ModelInfo(
+        tag=tag,
+        labels=saved.labels,
+        task="multi-label" if config.multi_label else "single-label",
+        threshold=saved.threshold if config.multi_label else None,
+        temperature=saved.temperature,
+        calibration=calibration or None,
+        trained_at=None if meta.get("trained_at") is None else str(meta["trained_at"]),
+        dataset=next((str(meta[key]) for key in ("dataset", "train_data") if meta.get(key) is not None), None),
+        metrics=metrics,
+        faithfulness=meta["faithfulness"] if isinstance(meta.get("faithfulness"), dict) else None,
+        explanation_methods=list(METHODS),
+        metadata=meta,
+        registered_at=registered_at,
+        architecture=config.to_dict(),
+        limits={
+            "max_documents": MAX_DOCUMENTS,
+            "max_body_bytes": MAX_BODY_BYTES,
+            **{key: int(value) for key, value in saved.segmenter.to_dict().items()},
+        },
+    )

@@ -1,0 +1,100 @@
+"""Batching across requests: each worker gathers the documents of concurrent requests into one model call.
+
+A request that finds the model idle runs at once; the requests that arrive while a batch runs go
+together in the next one. Batches grow with the load and an idle service adds no waiting time.
+(BentoML's own adaptive batching sits behind an HTTP hop to a dependent service and, here, cost
+more CPU per document and latency than the whole model call; see BENCHMARKS.md.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+R = TypeVar("R")
+MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
+
+
+class RequestBatcher(Generic[T, R]):
+    """Gathers concurrent requests into one call of ``run`` (in a worker thread), in arrival order.
+
+    ``run`` takes a list of requests and returns one result per request (a result may be an
+    exception, which is raised to that request alone). A request that arrives while the model is
+    idle is run at once; the ones that arrive during a batch are queued and run together next,
+    up to ``max_items`` items (a larger request runs alone). ``on_batch(requests, items)`` is
+    called for each batch (metrics).
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[T]], Sequence[R | BaseException]],
+        size: Callable[[T], int] = lambda _: 1,
+        max_items: int = MAX_BATCH_DOCUMENTS,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.run = run
+        self.size = size
+        self.max_items = max_items
+        self.on_batch = on_batch
+        self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._limiter = anyio.CapacityLimiter(1)
+
+    async def __call__(self, request: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch = [self._queue.popleft()]
+            items = self.size(batch[0][0])
+            while self._queue and items + self.size(self._queue[0][0]) <= self.max_items:
+                request, future = self._queue.popleft()
+                batch.append((request, future))
+                items += self.size(request)
+            batch = [(request, future) for request, future in batch if not future.done()]  # callers gone
+            if not batch:
+                continue
+            if self.on_batch is not None:
+                with contextlib.suppress(Exception):  # metrics must never stall the queue
+                    self.on_batch(len(batch), sum(self.size(request) for request, _ in batch))
+            try:
+                results = await anyio.to_thread.run_sync(self.run, [r for r, _ in batch], limiter=self._limiter)
+                if len(results) != len(batch):
+                    raise RuntimeError(f"the batch function returned {len(results)} results for {len(batch)}")
+            except Exception as e:
+                results = [e] * len(batch)
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+
+_batch_metrics: tuple[Any, Any] | None = None
+
+
+def observe_batch(requests: int, documents: int) -> None:
+    """Record a batch in /metrics (created on first use: BentoML sets up multiprocess metrics first)."""
+    global _batch_metrics
+    if _batch_metrics is None:
+        from prometheus_client import Histogram
+
+        buckets = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        _batch_metrics = (
+            Histogram("han_batch_requests", "Requests gathered into one model call", buckets=buckets),
+            Histogram("han_batch_documents", "Documents in one model call", buckets=buckets),
+        )
+    _batch_metrics[0].observe(requests)
+    _batch_metrics[1].observe(documents)

@@ -1,0 +1,190 @@
+"""The request guard: a bad ``POST /classify`` gets a 4xx naming the problem before BentoML reads it.
+
+Checks the size (the Content-Length header and the bytes actually received, so an over-long body
+is never read whole), UTF-8, JSON syntax and the schema, with messages such as
+``documents[3]: the document must be a string, not a number``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from han.attribution import METHODS
+from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, ClassifyRequest
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _where(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def describe_error(error: dict[str, Any]) -> tuple[int, str]:
+    """An HTTP status and a readable message for one pydantic error about a ClassifyRequest."""
+    kind, loc, value = error["type"], tuple(error["loc"]), error.get("input")
+    where = _where(loc)
+    if kind == "json_invalid":
+        return 400, f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}"
+    if not loc and kind in ("model_type", "model_attributes_type", "dict_type"):
+        return 422, f'the request body must be a JSON object like {{"documents": ["..."]}}, not {_json_kind(value)}'
+    if kind == "missing":
+        return 422, f"{where}: this field is required"
+    if kind == "extra_forbidden":
+        return 422, f'{where}: unknown field (the body takes "documents" and "explain")'
+    if len(loc) == 2 and loc[0] == "documents" and kind == "string_type":
+        return 422, f"{where}: the document must be a string, not {_json_kind(value)}"
+    if loc == ("documents",):
+        if kind == "too_short":
+            return 422, "documents: the list is empty; send at least one document"
+        if kind == "too_long":
+            count = len(value) if isinstance(value, list) else "too many"
+            return 413, f"documents: {count} documents is more than the limit of {MAX_DOCUMENTS} per request"
+        if kind == "list_type":
+            return 422, f"documents: must be a list of strings, not {_json_kind(value)}"
+    if loc[:1] == ("explain",):
+        wanted = f"true, false or a method name ({', '.join(METHODS)})"
+        if isinstance(value, str):
+            return 422, f"explain: unknown method {value!r}; it must be {wanted}"
+        return 422, f"explain: must be {wanted}, not {_json_kind(value)}"
+    return 422, f"{where or 'the request body'}: {error['msg']}"
+
+
+def check_classify_body(body: bytes) -> tuple[int, str] | None:
+    """Why ``body`` is not an acceptable /classify request (status, message), or None if it is."""
+    if not body.strip():
+        return 400, 'the request body is empty; send a JSON object like {"documents": ["..."]}'
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return 400, f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})"
+    try:
+        ClassifyRequest.model_validate_json(body)
+    except ValidationError as e:
+        errors = _one_per_field(e.errors(include_url=False))
+        status, message = describe_error(errors[0])
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        return status, message
+    return None
+
+
+class RequestGuard:
+    """ASGI middleware: refuses a bad /classify request with a 4xx that names the problem.
+
+    Checks the size (the Content-Length header and the bytes actually received, so an over-long
+    body is never read whole), UTF-8, JSON syntax and the schema, then replays the body to
+    BentoML, which parses it again into the API's arguments. Any media type but multipart and
+    BentoML's pickle is read as JSON (``curl -d`` labels JSON as a form).
+    """
+
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        path: str = "/classify",
+        max_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.app = app
+        self.path = path
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        media = headers.get("content-type", "").split(";")[0].strip().lower()
+        if media.startswith("multipart/") or media == "application/vnd.bentoml+pickle":
+            message = f"the request body must be JSON (Content-Type: application/json), not {media}"
+            await error_response(415, message)(scope, receive, send)
+            return
+        length = headers.get("content-length", "").strip()
+        if length.isdigit() and int(length) > self.max_bytes:
+            await self._too_large(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        data = bytes(body)
+        problem = check_classify_body(data)
+        if problem is not None:
+            await error_response(*problem)(scope, receive, send)
+            return
+
+        # The body is JSON whatever it was labelled (curl -d says form-urlencoded): tell BentoML so.
+        scope = dict(scope)
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+        scope["headers"].append((b"content-type", b"application/json"))
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Read (and drop) what the client is still sending, up to a bound, before answering: a
+        # server that answers and closes while the client is mid-upload resets the connection,
+        # and most clients then lose the 413 itself.
+        drained = 0
+        while drained < 8 * self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        limit = f"{self.max_bytes / 2**20:g} MB" if self.max_bytes >= 2**20 else f"{self.max_bytes} bytes"
+        await error_response(413, f"the request body is larger than the limit of {limit}")(scope, receive, send)
+
+
+def _one_per_field(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A union (``explain``: a boolean or a method name) fails once per member: keep the first."""
+    seen, out = set(), []
+    for error in errors:
+        key = ("explain",) if error["loc"][:1] == ("explain",) else tuple(error["loc"])
+        if key not in seen:
+            seen.add(key)
+            out.append(error)
+    return out
