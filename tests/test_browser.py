@@ -1,19 +1,20 @@
 """The web page in a real headless Chromium, against the real server (tests/service_server.py).
 
-Chromium is driven over the DevTools protocol (tests/cdp_browser.py): the test types a review,
-clicks Classify, and checks the label, the scores and the highlighted words in the DOM against
-the API's answer. A screenshot is saved to ``$HAN_SCREENSHOT_DIR`` (default: the test's tmp dir).
+Playwright (pytest-playwright) drives the system's Chromium (``executable_path``; nothing is
+downloaded): the test types a review, clicks Classify, and checks the label, the scores and the
+highlighted words in the DOM against the API's answer. Screenshots go to ``$HAN_SCREENSHOT_DIR``
+(default: the test's tmp dir).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page
 
-from tests.cdp_browser import Browser, find_chromium
 from tests.service_server import ServiceServer, shared_server, tiny_model_dir_quickly
 
 pytestmark = pytest.mark.slow
@@ -22,21 +23,46 @@ REVIEW = (
     "A wonderful film. The acting was superb and the story moved me to tears.\n\n"
     "The middle drags a little, but I loved every minute of the ending 😀. Brilliant!"
 )
+DOM = """() => {
+  const words = [...document.querySelectorAll('#explanation .word')];
+  const sentences = [...document.querySelectorAll('#explanation .sentence')];
+  const shown = (id) => !document.getElementById(id).hidden;
+  return {
+    state: document.body.dataset.state,
+    error: document.getElementById('error').textContent,
+    modelTag: document.getElementById('model-info').dataset.tag,
+    label: document.getElementById('label').textContent,
+    labelVisible: !document.getElementById('result').hidden,
+    method: document.getElementById('explanation').dataset.method,
+    scores: [...document.querySelectorAll('#scores .score')].map(
+      (row) => [row.dataset.label, Number(row.dataset.score), row.classList.contains('chosen')]),
+    text: document.getElementById('explanation').textContent,
+    words: words.map((w) => ({
+      text: w.textContent, weight: Number(w.dataset.weight),
+      intensity: Number(w.dataset.intensity), sentence: Number(w.dataset.sentence),
+      background: getComputedStyle(w).backgroundColor})),
+    sentences: sentences.map((s) => ({weight: Number(s.dataset.weight),
+      background: getComputedStyle(s).backgroundColor})),
+    legend: {attention: shown('legend-sentence') && shown('legend-word'),
+             signed: shown('legend-for') && shown('legend-against')},
+  };
+}"""
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """pytest-playwright launches the Debian Chromium; it never downloads a browser of its own."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but Chromium is missing (apt-get install chromium)")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return {**browser_type_launch_args, "executable_path": path, "args": ["--no-sandbox"]}
 
 
 @pytest.fixture(scope="session")
 def server(request: pytest.FixtureRequest) -> ServiceServer:
     return shared_server(request.config, tiny_model_dir_quickly(request))
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    path = find_chromium()
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but Chromium is missing (apt-get install chromium)")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return path
 
 
 def screenshot_path(tmp_path: Path, name: str) -> Path:
@@ -45,52 +71,31 @@ def screenshot_path(tmp_path: Path, name: str) -> Path:
     return directory / name
 
 
-def test_page_classifies_and_highlights_a_review(server, chromium, tmp_path):
+def classify_on_page(page: Page, server: ServiceServer, text: str, method: str | None = None) -> dict:
+    page.set_viewport_size({"width": 1200, "height": 1000})
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').dataset.tag")
+    page.fill("#document", text)
+    if method:
+        page.select_option("#method", method)
+    page.click("#classify")
+    page.wait_for_function("document.body.dataset.state")
+    return page.evaluate(DOM)
+
+
+def test_page_classifies_and_highlights_a_review(server, page: Page, tmp_path):
     status, api = server.post_json("/classify", {"documents": [REVIEW], "explain": True})
     assert status == 200
     [expected] = api["results"]
+    dom = classify_on_page(page, server, REVIEW)
     shot = screenshot_path(tmp_path, "han-page.png")
-
-    async def scenario() -> dict:
-        async with Browser(chromium, width=1200, height=1000) as page:
-            await page.goto(server.url + "/")
-            await page.wait_for("document.getElementById('model-info').dataset.tag")
-            await page.type_into("#document", REVIEW)
-            await page.click("#classify")
-            state = await page.wait_for("document.body.dataset.state")
-            dom = await page.evaluate(
-                """(() => {
-                  const words = [...document.querySelectorAll('#explanation .word')];
-                  const sentences = [...document.querySelectorAll('#explanation .sentence')];
-                  return {
-                    state: document.body.dataset.state,
-                    error: document.getElementById('error').textContent,
-                    modelTag: document.getElementById('model-info').dataset.tag,
-                    label: document.getElementById('label').textContent,
-                    labelVisible: !document.getElementById('result').hidden,
-                    scores: [...document.querySelectorAll('#scores .score')].map(
-                      (row) => [row.dataset.label, Number(row.dataset.score), row.classList.contains('chosen')]),
-                    text: document.getElementById('explanation').textContent,
-                    words: words.map((w) => ({
-                      text: w.textContent, weight: Number(w.dataset.weight),
-                      intensity: Number(w.dataset.intensity), sentence: Number(w.dataset.sentence),
-                      background: getComputedStyle(w).backgroundColor})),
-                    sentences: sentences.map((s) => ({weight: Number(s.dataset.weight),
-                      background: getComputedStyle(s).backgroundColor})),
-                    legend: Boolean(document.querySelector('#legend #legend-sentence'))
-                      && Boolean(document.querySelector('#legend #legend-word')),
-                  };
-                })()"""
-            )
-            await page.screenshot(shot)
-            assert state == "done", dom["error"]
-            return dom
-
-    dom = asyncio.run(scenario())
+    page.screenshot(path=str(shot), full_page=True)
+    assert dom["state"] == "done", dom["error"]
 
     assert dom["modelTag"] == server.model_tag
     assert dom["labelVisible"]
     assert dom["label"] == expected["label"]
+    assert dom["method"] == "attention"
     assert {name: score for name, score, _ in dom["scores"]} == pytest.approx(expected["scores"], abs=1e-6)
     assert [name for name, _, chosen in dom["scores"] if chosen] == expected["labels"]
     # The document is rendered exactly (line breaks and emoji included), from the API's offsets.
@@ -110,42 +115,53 @@ def test_page_classifies_and_highlights_a_review(server, chromium, tmp_path):
     assert alphas[order[-1]] > alphas[order[0]]
     assert len({round(a, 2) for a in alphas}) > 3, "words should be shaded by weight, not uniformly"
     assert all(_alpha(s["background"]) > 0 for s in dom["sentences"])
-    assert dom["legend"]
+    assert dom["legend"] == {"attention": True, "signed": False}
     assert shot.stat().st_size > 10_000
 
 
-def test_page_shows_the_api_error_message(server, chromium):
-    async def scenario() -> dict:
-        async with Browser(chromium) as page:
-            await page.goto(server.url + "/")
-            await page.type_into("#document", "   \n  ")
-            await page.click("#classify")
-            await page.wait_for("document.body.dataset.state")
-            return await page.evaluate(
-                "({state: document.body.dataset.state, error: document.getElementById('error').textContent,"
-                " shown: document.getElementById('error').classList.contains('shown'),"
-                " result: !document.getElementById('result').hidden})"
-            )
+def test_the_method_selector_explains_with_a_signed_method_in_two_colours(server, page: Page, tmp_path):
+    text = "Superb acting, a wonderful film. Boring and awful middle. I loved it."
+    status, api = server.post_json("/classify", {"documents": [text], "explain": "occlusion"})
+    assert status == 200
+    [expected] = api["results"]
+    dom = classify_on_page(page, server, text, method="occlusion")
+    page.screenshot(path=str(screenshot_path(tmp_path, "han-page-occlusion.png")), full_page=True)
+    assert dom["state"] == "done", dom["error"]
+    assert dom["method"] == expected["method"] == "occlusion"
+    api_words = [w for s in expected["sentences"] for w in s["words"]]
+    assert [w["weight"] for w in dom["words"]] == pytest.approx([w["weight"] for w in api_words], abs=1e-9)
+    assert dom["legend"] == {"attention": False, "signed": True}
+    # Evidence against the label gets the second colour, evidence for it the first.
+    colours = {("against" if w["weight"] < 0 else "for"): _rgb(w["background"]) for w in dom["words"] if w["weight"]}
+    assert colours.get("for") == (22, 163, 74)
+    if "against" in colours:
+        assert colours["against"] == (234, 88, 12)
 
-    dom = asyncio.run(scenario())
-    assert dom["state"] == "error" and dom["shown"] and not dom["result"]
+
+def test_page_shows_the_api_error_message(server, page: Page):
+    dom = classify_on_page(page, server, "   \n  ")
+    shown = page.evaluate("document.getElementById('error').classList.contains('shown')")
+    assert dom["state"] == "error" and shown and not dom["labelVisible"]
     assert dom["error"] == "documents[0]: the document is empty or whitespace only"
+
+
+def test_api_docs_page_renders_the_schema(server, page: Page):
+    page.goto(server.url + "/docs")
+    page.wait_for_function("document.querySelectorAll('.opblock-summary-path').length >= 3")
+    paths = page.evaluate("[...document.querySelectorAll('.opblock-summary-path')].map((e) => e.textContent.trim())")
+    assert {"/classify", "/model", "/"} <= set(paths)
+
+
+def _channels(css_color: str) -> list[str]:
+    return [v.strip() for v in css_color[css_color.index("(") + 1 : css_color.index(")")].split(",")]
 
 
 def _alpha(css_color: str) -> float:
     """The alpha of a computed CSS colour: 'rgba(r, g, b, a)', or 'rgb(r, g, b)' (opaque)."""
-    values = [v.strip() for v in css_color[css_color.index("(") + 1 : css_color.index(")")].split(",")]
+    values = _channels(css_color)
     return float(values[3]) if len(values) == 4 else 1.0
 
 
-def test_api_docs_page_renders_the_schema(server, chromium):
-    async def scenario() -> list[str]:
-        async with Browser(chromium) as page:
-            await page.goto(server.url + "/docs")
-            await page.wait_for("document.querySelectorAll('.opblock-summary-path').length >= 3")
-            return await page.evaluate(
-                "[...document.querySelectorAll('.opblock-summary-path')].map((e) => e.textContent.trim())"
-            )
-
-    paths = asyncio.run(scenario())
-    assert {"/classify", "/model", "/"} <= set(paths)
+def _rgb(css_color: str) -> tuple[int, int, int]:
+    r, g, b = (int(float(v)) for v in _channels(css_color)[:3])
+    return r, g, b
