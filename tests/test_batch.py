@@ -1,4 +1,4 @@
-"""han-score (service/batch.py): formats in and out, bad rows, sharding, kill -9 and --resume, parity.
+"""han-score (scoring/): formats in and out, bad rows, sharding, kill -9 and --resume, parity.
 
 Most runs call ``main([...])`` in this process with ``--workers 1`` (no worker process, fast);
 the parity and kill tests run the real multi-process path, the kill test as a subprocess.
@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from han import Predictor
-from service.batch import main
+from han import Pipeline, TopK
+from scoring.cli import main
 from tests.tiny_model import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,10 +104,10 @@ def score(input_path: Path, output: Path, model: Path, *extra: str) -> int:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> dict[str, tuple[str, dict[str, float]]]:
-    """What the Predictor itself says about each good input text: (label, scores)."""
-    predictor = Predictor.from_directory(tiny_model_dir)
+    """What the pipeline itself says about each good input text: (label, scores)."""
+    pipeline = Pipeline.from_directory(tiny_model_dir)
     texts = [r["text"] for r in input_rows(copies=2) if not r["id"].startswith("bad")]
-    return {t: (p.label, p.scores) for t, p in zip(texts, predictor.predict(texts, explain=False), strict=True)}
+    return {t: (p.label, p.scores) for t, p in zip(texts, pipeline(texts), strict=True)}
 
 
 @pytest.mark.parametrize(
@@ -165,8 +165,8 @@ def test_texts_that_are_not_strings_are_reported_not_fatal(tmp_path: Path, tiny_
     }
 
 
-def test_parity_with_the_predictor_including_explanations(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Worker processes, small windows, other batches: still exactly what Predictor.predict says."""
+def test_parity_with_the_pipeline_including_explanations(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Worker processes, small windows, other batches: still exactly what the pipeline says."""
     rows = [r for r in input_rows(copies=4) if not r["id"].startswith("bad")]
     source = write_input(tmp_path / "in.parquet", rows)
     output = tmp_path / "out.jsonl"
@@ -174,7 +174,7 @@ def test_parity_with_the_predictor_including_explanations(tmp_path: Path, tiny_m
         score(source, output, tiny_model_dir, "--explain", "--workers", "2", "--window", "16", "--batch-size", "8") == 0
     )
     out = read_output(output)
-    predictions = Predictor.from_directory(tiny_model_dir).predict([r["text"] for r in rows], explain=True)
+    predictions = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows], explain="full")
     assert len(out) == len(rows) == len(predictions)
     for o, r, p in zip(out, rows, predictions, strict=True):
         assert o["label"] == p.label
@@ -221,7 +221,7 @@ def test_multi_label_model_writes_every_label_over_the_threshold(tmp_path: Path)
     output = tmp_path / "out.parquet"
     assert score(source, output, model, "--workers", "1", "--summary-json", str(tmp_path / "s.json")) == 0
     out = read_output(output)
-    predictions = Predictor(saved).predict([r["text"] for r in rows], explain=False)
+    predictions = Pipeline(saved)([r["text"] for r in rows])
     assert [o["labels"] for o in out] == [p.labels for p in predictions]
     assert [o["label"] for o in out] == [p.label for p in predictions]
     assert {k for k in out[0] if k.startswith("score_")} == {f"score_{label}" for label in saved.labels}
@@ -431,7 +431,7 @@ def kill_mid_run(cmd: list[str], manifest: Path, after_parts: int) -> None:
     import psutil
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.batch", *cmd],
+        [sys.executable, "-m", "scoring", *cmd],
         cwd=REPO,
         env=ENV,
         stdout=subprocess.DEVNULL,
@@ -505,7 +505,8 @@ def test_resume_refuses_a_partial_run_with_other_settings(tmp_path: Path, tiny_m
     output = tmp_path / "out.jsonl"
     parts = tmp_path / "out.jsonl.parts"
     # Leave a partial run behind: a committed manifest, as after a kill.
-    from service.batch_output import JsonLinesFormat, OutputSpec, PartialOutput
+    from scoring.formats import JsonLinesFormat, OutputSpec
+    from scoring.partial import PartialOutput
 
     partial = PartialOutput(output, JsonLinesFormat(OutputSpec(["neg", "pos"], False, False, False, False)))
     partial.lock()
@@ -516,3 +517,28 @@ def test_resume_refuses_a_partial_run_with_other_settings(tmp_path: Path, tiny_m
     assert parts.exists()
     assert score(source, output, tiny_model_dir, "--workers", "1", "--overwrite") == 0
     assert not parts.exists() and len(read_output(output)) == 3 * 32
+
+
+def test_the_scoring_function_is_the_pipeline_as_columns_bad_rows_included(tiny_model_dir: Path) -> None:
+    """The one scoring function both engines call: the pipeline's results, as columns, errors apart."""
+    from scoring.score import ScoringOptions, score_texts
+
+    texts = ["A wonderful film. Superb acting.", None, "   ", 42, "Awful. I hated it.", "<br /><br />"]
+    pipeline = Pipeline.from_directory(tiny_model_dir)
+    for method in ("attention", "occlusion"):
+        options = ScoringOptions(explain=True, method=method, top_sentences=2, top_words=3)
+        scored = score_texts(pipeline, texts, options)
+        expected = pipeline(texts, explain=TopK(2, 3), errors="return", method=method)
+        assert scored.index == [0, 4]
+        assert scored.errors == [(i, expected[i].reason) for i in (1, 2, 3, 5)]
+        for k, i in enumerate(scored.index):
+            r = expected[i]
+            assert (scored.label[k], scored.labels[k], scored.truncated[k]) == (r.label, r.labels, r.truncated)
+            assert scored.scores[k] == [r.scores[label] for label in pipeline.labels]
+            assert scored.method[k] == method
+            assert scored.top_sentences[k] == [
+                {"text": s.text, "start": s.start, "end": s.end, "weight": s.weight} for s in r.top_sentences
+            ]
+            assert [(w["start"], w["end"], w["weight"]) for w in scored.top_words[k]] == [
+                (w.start, w.end, w.weight) for w in r.top_words
+            ]

@@ -1,4 +1,4 @@
-"""Writing ``han-score`` output: chunks committed atomically, merged into the final file at the end.
+"""The output of a han-score job while it runs: chunks committed atomically, merged at the end.
 
 While a job runs, its output lives in ``OUTPUT.parts/``:
 
@@ -17,232 +17,20 @@ temporary file and ``os.replace``), the manifest is marked ``merged``, and the f
 from __future__ import annotations
 
 import contextlib
-import csv
 import fcntl
-import io
 import json
 import os
 import shutil
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from service.batch_worker import OK
+from scoring.formats import Chunk, OutputError, OutputFormat, concatenate, json_line
 
 MANIFEST_FORMAT = "han-score-manifest/1"
-OUTPUT_FORMATS = (".parquet", ".jsonl", ".csv")
 
 
-class OutputError(Exception):
-    """The output cannot be written as asked (the message names the problem in one line)."""
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """The columns of the output file."""
-
-    labels: list[str]
-    multi_label: bool
-    has_id: bool
-    id_is_int: bool  # Parquet keeps an integer id column as int64; any other id is written as text
-    explain: bool
-
-    def columns(self) -> list[str]:
-        cols = ["row"] + (["id"] if self.has_id else []) + ["label"] + (["labels"] if self.multi_label else [])
-        cols += [f"score_{label}" for label in self.labels] + ["truncated"]
-        return cols + (["top_sentences", "top_words"] if self.explain else [])
-
-
-@dataclass
-class Chunk:
-    """Results of consecutive input rows, columnar, plus the rows that failed."""
-
-    spec: OutputSpec
-    rows: list[int] = field(default_factory=list)
-    ids: list[Any] = field(default_factory=list)
-    label: list[str] = field(default_factory=list)
-    labels: list[list[str]] = field(default_factory=list)
-    scores: list[list[float]] = field(default_factory=list)
-    truncated: list[bool] = field(default_factory=list)
-    top_sentences: list[list[dict]] = field(default_factory=list)
-    top_words: list[list[dict]] = field(default_factory=list)
-    errors: list[dict] = field(default_factory=list)
-    label_counts: Counter[str] = field(default_factory=Counter)
-
-    def add(self, row: int, id_value: Any, result: tuple) -> None:
-        if result[0] != OK:
-            error = (
-                {"row": row, "id": id_value, "reason": result[1]}
-                if self.spec.has_id
-                else {"row": row, "reason": result[1]}
-            )
-            self.errors.append(error)
-            return
-        _, label, labels, scores, truncated, top_sentences, top_words = result
-        self.rows.append(row)
-        self.ids.append(id_value)
-        self.label.append(label)
-        self.labels.append(labels)
-        self.scores.append(scores)
-        self.truncated.append(truncated)
-        self.top_sentences.append(top_sentences)
-        self.top_words.append(top_words)
-        self.label_counts.update(labels if self.spec.multi_label else [label])
-
-    @property
-    def last_row(self) -> int:
-        return max(self.rows[-1] if self.rows else -1, self.errors[-1]["row"] if self.errors else -1)
-
-    @property
-    def scored(self) -> int:
-        return len(self.rows)
-
-    @property
-    def size(self) -> int:
-        return len(self.rows) + len(self.errors)
-
-    def records(self) -> list[dict[str, Any]]:
-        """Row dicts in output column order (JSON Lines and CSV)."""
-        spec = self.spec
-        score_cols = [f"score_{label}" for label in spec.labels]
-        out = []
-        for k, row in enumerate(self.rows):
-            rec: dict[str, Any] = {"row": row}
-            if spec.has_id:
-                rec["id"] = self.ids[k]
-            rec["label"] = self.label[k]
-            if spec.multi_label:
-                rec["labels"] = self.labels[k]
-            rec.update(zip(score_cols, self.scores[k], strict=True))
-            rec["truncated"] = self.truncated[k]
-            if spec.explain:
-                rec["top_sentences"] = self.top_sentences[k]
-                rec["top_words"] = self.top_words[k]
-            out.append(rec)
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Formats
-
-
-class OutputFormat:
-    suffix = ""
-
-    def __init__(self, spec: OutputSpec) -> None:
-        self.spec = spec
-
-    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        raise NotImplementedError
-
-    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
-        _concatenate(parts, f)
-
-
-class JsonLinesFormat(OutputFormat):
-    suffix = ".jsonl"
-
-    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        f.write("".join(_json_line(rec) for rec in chunk.records()).encode("utf-8"))
-
-
-class CsvFormat(OutputFormat):
-    """Plain CSV with a header; list-valued cells (labels, explanations) are JSON text."""
-
-    suffix = ".csv"
-
-    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        writer = csv.writer(text)
-        for rec in chunk.records():
-            writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for v in rec.values()])
-        text.flush()
-        text.detach()
-
-    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        csv.writer(text).writerow(self.spec.columns())
-        text.flush()
-        text.detach()
-        _concatenate(parts, f)
-
-
-class ParquetFormat(OutputFormat):
-    suffix = ".parquet"
-
-    def __init__(self, spec: OutputSpec) -> None:
-        super().__init__(spec)
-        import pyarrow as pa
-
-        span = pa.struct([("text", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight", pa.float64())])
-        fields = [pa.field("row", pa.int64())]
-        if spec.has_id:
-            fields.append(pa.field("id", pa.int64() if spec.id_is_int else pa.string()))
-        fields.append(pa.field("label", pa.string()))
-        if spec.multi_label:
-            fields.append(pa.field("labels", pa.list_(pa.string())))
-        fields += [pa.field(f"score_{label}", pa.float64()) for label in spec.labels]
-        fields.append(pa.field("truncated", pa.bool_()))
-        if spec.explain:
-            fields += [pa.field("top_sentences", pa.list_(span)), pa.field("top_words", pa.list_(span))]
-        self.schema = pa.schema(fields)
-
-    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        spec = self.spec
-        data: dict[str, list] = {"row": chunk.rows}
-        if spec.has_id:
-            data["id"] = chunk.ids if spec.id_is_int else [None if v is None else str(v) for v in chunk.ids]
-        data["label"] = chunk.label
-        if spec.multi_label:
-            data["labels"] = chunk.labels
-        for j, label in enumerate(spec.labels):
-            data[f"score_{label}"] = [s[j] for s in chunk.scores]
-        data["truncated"] = chunk.truncated
-        if spec.explain:
-            data["top_sentences"] = chunk.top_sentences
-            data["top_words"] = chunk.top_words
-        pq.write_table(pa.Table.from_pydict(data, schema=self.schema), f)
-
-    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
-        import pyarrow.parquet as pq
-
-        with pq.ParquetWriter(f, self.schema) as writer:
-            for part in parts:  # one chunk in memory at a time
-                writer.write_table(pq.read_table(part, schema=self.schema))
-
-
-FORMATS: dict[str, type[OutputFormat]] = {".parquet": ParquetFormat, ".jsonl": JsonLinesFormat, ".csv": CsvFormat}
-
-
-def check_output_path(path: Path) -> None:
-    if path.suffix.lower() not in FORMATS:
-        raise OutputError(
-            f"{path}: unsupported output type {path.suffix or '(no extension)'!r} (use {', '.join(OUTPUT_FORMATS)})"
-        )
-
-
-def output_format(path: Path, spec: OutputSpec) -> OutputFormat:
-    check_output_path(path)
-    return FORMATS[path.suffix.lower()](spec)
-
-
-def _concatenate(parts: list[Path], f: IO[bytes]) -> None:
-    for part in parts:
-        with open(part, "rb") as src:
-            shutil.copyfileobj(src, f, 1 << 20)
-
-
-def _json_line(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# The partial output of a job and its manifest
 
 
 def errors_path(output: Path) -> Path:
@@ -339,7 +127,7 @@ class PartialOutput:
         part: dict[str, Any] = {"file": name, "rows": chunk.scored, "errors": len(chunk.errors)}
         if chunk.errors:
             part["errors_file"] = f"errors-{index:06d}.jsonl"
-            data = "".join(_json_line(e) for e in chunk.errors).encode("utf-8")
+            data = "".join(json_line(e) for e in chunk.errors).encode("utf-8")
             _atomic_write(self.dir / part["errors_file"], lambda f: f.write(data))
         counts = self.manifest["counts"]
         counts["read"] += chunk.size
@@ -366,7 +154,7 @@ class PartialOutput:
             merged = self.dir / ("merged" + self.fmt.suffix)
             _atomic_write(merged, lambda f: self.fmt.merge(parts, f))
             merged_errors = self.dir / "merged.errors.jsonl"
-            _atomic_write(merged_errors, lambda f: _concatenate(errors, f))
+            _atomic_write(merged_errors, lambda f: concatenate(errors, f))
             os.replace(merged, self.output)
             os.replace(merged_errors, self.errors_path)
             _fsync_dir(self.output.parent)

@@ -1,0 +1,13 @@
+"""``han-score``: classify every row of a large file, streaming, sharded and resumable.
+
+    cli.py       arguments, the checks that run before any work, exit codes
+    read.py      streaming Parquet, CSV or JSON Lines input
+    score.py     the one scoring function: a window of texts in, output columns out (han.Pipeline)
+    workers.py   the scoring processes (concurrent.futures)
+    job.py       one run: windows out to the scorers, results back in input order, chunks committed
+    formats.py   the output columns and the Parquet, JSON Lines and CSV writers
+    partial.py   atomic chunk commits, the manifest, --resume, the final merge
+    progress.py  the progress bar and the summary
+
+Imports han and model_store; never the service or the training code.
+"""

@@ -1,0 +1,181 @@
+"""han-score's output: the columns (named after ``han.DocumentResult``'s fields), a chunk of scored
+rows held as columns, and the three file formats a chunk is written in."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from scoring.score import ScoredWindow
+
+OUTPUT_FORMATS = (".parquet", ".jsonl", ".csv")
+PER_ROW = ("label", "labels", "truncated", "method", "top_sentences", "top_words")  # ScoredWindow's columns
+
+
+class OutputError(Exception):
+    """The output cannot be written as asked (the message names the problem in one line)."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """The columns of the output file."""
+
+    labels: list[str]
+    multi_label: bool
+    has_id: bool
+    id_is_int: bool  # Parquet keeps an integer id column as int64; any other id is written as text
+    explain: bool
+
+    def columns(self) -> list[str]:
+        from han.results import output_columns
+
+        return ["row"] + (["id"] if self.has_id else []) + output_columns(self.labels, self.multi_label, self.explain)
+
+
+@dataclass
+class Chunk:
+    """Results of consecutive input rows, columnar, plus the rows that failed."""
+
+    spec: OutputSpec
+    columns: dict[str, list] = field(default_factory=dict)
+    errors: list[dict] = field(default_factory=list)
+    label_counts: Counter[str] = field(default_factory=Counter)
+    last_row: int = -1
+
+    def add(self, rows: list[int], ids: list[Any], scored: ScoredWindow) -> None:
+        """A scored window whose i-th value was input row ``rows[i]`` (id ``ids[i]``)."""
+        spec = self.spec
+        for i, reason in scored.errors:
+            self.errors.append({"row": rows[i], **({"id": ids[i]} if spec.has_id else {}), "reason": reason})
+        if not self.columns:
+            self.columns = {name: [] for name in spec.columns()}
+        c = self.columns
+        c["row"] += [rows[i] for i in scored.index]
+        if spec.has_id:
+            c["id"] += [ids[i] for i in scored.index]
+        for name in PER_ROW:
+            if name in c:
+                c[name] += getattr(scored, name)
+        for j, label in enumerate(spec.labels):
+            c[f"score_{label}"] += [s[j] for s in scored.scores]
+        if spec.multi_label:
+            self.label_counts.update(label for chosen in scored.labels for label in chosen)
+        else:
+            self.label_counts.update(scored.label)
+        if rows:
+            self.last_row = max(self.last_row, rows[-1])
+
+    @property
+    def scored(self) -> int:
+        return len(self.columns.get("row", []))
+
+    @property
+    def size(self) -> int:
+        return self.scored + len(self.errors)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Row dicts in output column order (JSON Lines and CSV)."""
+        names = list(self.columns)
+        return [dict(zip(names, values, strict=True)) for values in zip(*self.columns.values(), strict=True)]
+
+
+class OutputFormat:
+    suffix = ""
+
+    def __init__(self, spec: OutputSpec) -> None:
+        self.spec = spec
+
+    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
+        raise NotImplementedError
+
+    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
+        concatenate(parts, f)
+
+
+class JsonLinesFormat(OutputFormat):
+    suffix = ".jsonl"
+
+    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
+        f.write("".join(json_line(rec) for rec in chunk.records()).encode("utf-8"))
+
+
+class CsvFormat(OutputFormat):
+    """Plain CSV with a header; list-valued cells (labels, explanations) are JSON text."""
+
+    suffix = ".csv"
+
+    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        writer = csv.writer(text)
+        for rec in chunk.records():
+            writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for v in rec.values()])
+        text.flush()
+        text.detach()
+
+    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        csv.writer(text).writerow(self.spec.columns())
+        text.flush()
+        text.detach()
+        concatenate(parts, f)
+
+
+class ParquetFormat(OutputFormat):
+    suffix = ".parquet"
+
+    def __init__(self, spec: OutputSpec) -> None:
+        super().__init__(spec)
+        import pyarrow as pa
+
+        span = pa.struct([("text", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight", pa.float64())])
+        types = {"row": pa.int64(), "id": pa.int64() if spec.id_is_int else pa.string(), "label": pa.string(),
+                 "labels": pa.list_(pa.string()), "truncated": pa.bool_(), "method": pa.string(),
+                 "top_sentences": pa.list_(span), "top_words": pa.list_(span)}
+        self.schema = pa.schema([pa.field(name, types.get(name, pa.float64())) for name in spec.columns()])
+
+    def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = dict(chunk.columns) or {name: [] for name in self.spec.columns()}
+        if self.spec.has_id and not self.spec.id_is_int:
+            data["id"] = [None if v is None else str(v) for v in data["id"]]
+        pq.write_table(pa.Table.from_pydict(data, schema=self.schema), f)
+
+    def merge(self, parts: list[Path], f: IO[bytes]) -> None:
+        import pyarrow.parquet as pq
+
+        with pq.ParquetWriter(f, self.schema) as writer:
+            for part in parts:  # one chunk in memory at a time
+                writer.write_table(pq.read_table(part, schema=self.schema))
+
+
+FORMATS: dict[str, type[OutputFormat]] = {".parquet": ParquetFormat, ".jsonl": JsonLinesFormat, ".csv": CsvFormat}
+
+
+def check_output_path(path: Path) -> None:
+    if path.suffix.lower() not in FORMATS:
+        raise OutputError(
+            f"{path}: unsupported output type {path.suffix or '(no extension)'!r} (use {', '.join(OUTPUT_FORMATS)})"
+        )
+
+
+def output_format(path: Path, spec: OutputSpec) -> OutputFormat:
+    check_output_path(path)
+    return FORMATS[path.suffix.lower()](spec)
+
+
+def concatenate(parts: list[Path], f: IO[bytes]) -> None:
+    for part in parts:
+        with open(part, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+
+
+def json_line(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str) + "\n"

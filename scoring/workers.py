@@ -1,0 +1,129 @@
+"""Scoring processes for han-score: a ``concurrent.futures.ProcessPoolExecutor`` whose workers import
+the model library as they start, load the model on their first window, and score windows with
+``scoring.score.score_texts``.
+
+Workers are spawned (a clean interpreter: no inherited threads or torch state), ignore Ctrl-C (the
+parent's to handle) and are killed by the kernel if the parent dies, ``kill -9`` included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from scoring.score import ScoredWindow, ScoringOptions
+
+_loaded: dict[tuple[str, ScoringOptions], Any] = {}  # the worker's pipeline, loaded on its first window
+
+
+class WorkerError(Exception):
+    """A worker died or failed; the message says which in one line."""
+
+
+def _start_worker() -> None:
+    """Each worker's first act: the heavy imports (seconds, overlapping the parent's own start-up)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    import han  # noqa: F401
+
+
+def _started() -> int:
+    return os.getpid()
+
+
+def _score(model_dir: str, options: ScoringOptions, texts: list[Any]) -> ScoredWindow:
+    from scoring.score import make_pipeline, score_texts, tune_process
+
+    key = (model_dir, options)
+    if key not in _loaded:
+        tune_process(options.threads)
+        _loaded[key] = make_pipeline(model_dir, options)
+    return score_texts(_loaded[key], texts, options)
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to SIGKILL this process when its parent dies (``kill -9`` included)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+class Workers:
+    """``n`` scoring processes; windows go in tagged with their sequence number and come back tagged."""
+
+    def __init__(self, n: int) -> None:
+        import multiprocessing as mp
+
+        # multiprocessing's resource tracker (started with the pool, inheriting this environment) warns
+        # at exit about a queue semaphore that a worker killed while still importing had registered,
+        # then finds it already removed: noise on the user's terminal, not a leak.
+        quiet = "ignore:resource_tracker:UserWarning"
+        filters = os.environ.get("PYTHONWARNINGS", "")
+        if quiet not in filters.split(","):
+            os.environ["PYTHONWARNINGS"] = f"{filters},{quiet}" if filters else quiet
+        self.size = n
+        self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
+        self.pending: dict[Future[ScoredWindow], tuple[int, list[Any]]] = {}  # future -> (seq, texts)
+        self.job: tuple[str, ScoringOptions] | None = None
+        self.closed = False
+        for _ in range(n):  # start them all now: their imports overlap this process's checks
+            self.executor.submit(_started)
+
+    def configure(self, model_dir: str, options: ScoringOptions) -> None:
+        """The model and settings the windows are scored with (each worker loads the model once)."""
+        self.job = (model_dir, options)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def submit(self, seq: int, texts: list[Any]) -> None:
+        assert self.job is not None, "configure() first"
+        self.pending[self.executor.submit(_score, *self.job, texts)] = (seq, texts)
+
+    def take_back(self) -> tuple[int, list[Any]] | None:
+        """A window no worker has started yet (to score it in this process), if any."""
+        for future, task in reversed(self.pending.items()):
+            if future.cancel():
+                del self.pending[future]
+                return task
+        return None
+
+    def finished(self, timeout: float | None = 0) -> list[tuple[int, ScoredWindow]]:
+        """Windows already scored (waiting up to ``timeout`` seconds for one; None: until one is)."""
+        if not self.pending:
+            return []
+        done, _ = wait(list(self.pending), timeout=timeout, return_when=FIRST_COMPLETED)
+        out = []
+        for future in done:
+            seq, _ = self.pending.pop(future)
+            try:
+                out.append((seq, future.result()))
+            except BrokenProcessPool:
+                raise WorkerError("a scoring worker died (killed, or out of memory?)") from None
+            except Exception as e:
+                raise WorkerError(f"scoring failed: {type(e).__name__}: {e}") from None
+        return out
+
+    def close(self) -> None:
+        """Stop the workers: at once if anything is left (an error, Ctrl-C), else after their last window."""
+        if self.closed:
+            return
+        self.closed = True
+        abandon = bool(self.pending)
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())  # what shutdown would wait for
+        self.executor.shutdown(wait=not abandon, cancel_futures=True)
+        if abandon:
+            for process in processes:
+                with contextlib.suppress(Exception):
+                    process.kill()
+            self.pending.clear()
