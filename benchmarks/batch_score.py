@@ -49,12 +49,12 @@ def first_rows(source: Path, rows: int, dest: Path) -> Path:
     return dest
 
 
-def measure(cmd: list[str], summary_path: Path) -> dict:
+def measure(cmd: list[str], summary_path: Path, cwd: Path = REPO, env: dict[str, str] | None = None) -> dict:
     """Run ``cmd``, sampling the RSS of its process tree; returns its JSON summary plus wall, RSS and CPU."""
     load_before = os.getloadavg()[0]
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or ENV)
     root = psutil.Process(proc.pid)
     tree: list[psutil.Process] = [root]
     peak_total = peak_main = 0
@@ -92,25 +92,54 @@ def measure(cmd: list[str], summary_path: Path) -> dict:
     }
 
 
-def run_once(input_path: Path, model: str, explain: bool, workdir: Path, extra: list[str]) -> dict:
+def run_once(
+    input_path: Path, model: str, explain: bool, workdir: Path, extra: list[str], checkout: Path = REPO
+) -> dict:
+    """One han-score run, of this checkout or of another one (its own entry module, on its own path)."""
     summary_path = workdir / "summary.json"
-    cmd = [sys.executable, "-m", "service.batch", str(input_path), str(workdir / "scores.parquet")]
+    module = "service.batch" if (checkout / "service" / "batch.py").is_file() else "scoring"  # before/after 2026-11
+    cmd = [sys.executable, "-m", module, str(input_path), str(workdir / "scores.parquet")]
     cmd += ["--model", model, "--overwrite", "--quiet", "--summary-json", str(summary_path)]
     cmd += ["--explain" if explain else "--no-explain", *extra]
-    return measure(cmd, summary_path)
+    env = {**ENV, "PYTHONPATH": str(checkout)}
+    return measure(cmd, summary_path, cwd=checkout, env=env)
+
+
+def compare_checkouts(
+    previous: Path, source: Path, model: str, explain: bool, rounds: int, workdir: Path, extra: list[str]
+) -> None:
+    """han-score of ``previous`` and of this checkout in turn (A B A B ...): docs/s, and the ratio per round."""
+    ratios = []
+    for round_ in range(1, rounds + 1):
+        old = run_once(source, model, explain, workdir, extra, checkout=previous)
+        new = run_once(source, model, explain, workdir, extra)
+        ratios.append(new["docs_per_s"] / old["docs_per_s"])
+        for name, r in (("previous", old), ("this", new)):
+            print(
+                f"round {round_}  {name:<8}  end-to-end {r['docs_per_s']:6.0f} docs/s  wall {r['wall_s']:6.1f} s  "
+                f"peak RSS {r['peak_rss_mb']:6.0f} MB  CPU {r['cpu_s']:6.1f} s  "
+                f"load {r['load_before']:.1f}->{r['load_after']:.1f}",
+                flush=True,
+            )
+    ratios.sort()
+    print(
+        f"this / previous, end-to-end docs/s (explain {'on' if explain else 'off'}): "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + f"; median {ratios[len(ratios) // 2]:.3f}"
+    )
 
 
 def split_pipeline(model: str, source: str, threads: int, summary_path: str) -> None:
     """The design han-score does not use, for comparison: one spawned process reads and segments
-    (spaCy), this process runs the model (``Predictor.predict_segments`` on windows of 500) with
+    (spaCy), this process encodes and runs the model (the pipeline's stages, windows of 500) with
     ``threads`` torch threads; segments cross a bounded queue."""
     import multiprocessing as mp
 
-    from han import Predictor, SavedModel
-    from service.batch_worker import tune_process
+    from han import Pipeline, SavedModel
+    from scoring.score import tune_process
 
     tune_process(threads)
-    predictor = Predictor(SavedModel.load(model))
+    pipeline = Pipeline(SavedModel.load(model))
     ctx = mp.get_context("spawn")
     segments = ctx.Queue(maxsize=8)
     tokeniser = ctx.Process(target=_tokenise, args=(model, source, segments), daemon=True)
@@ -122,7 +151,8 @@ def split_pipeline(model: str, source: str, threads: int, summary_path: str) -> 
         if batch is not None:
             window += batch
         if len(window) >= 500 or (batch is None and window):
-            predictor.predict_segments(window, explain=False)
+            for _ in pipeline.forward([pipeline.encode(segment) for segment in window]):
+                pass
             scored += len(window)
             window = []
             if first_at is None:
@@ -205,6 +235,13 @@ def main() -> None:
         metavar="ROWS",
         help="instead: compare process/thread layouts on the first ROWS rows (steady docs/s)",
     )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        metavar="CHECKOUT",
+        help="instead: run another checkout's han-score (e.g. `git worktree add /tmp/prev HEAD~1`) and this one "
+        "in turn on the first of --rows, --repeat rounds (explain per the first --explain-modes), with the ratio",
+    )
     parser.add_argument("--split-pipeline", nargs=4, help=argparse.SUPPRESS)  # internal: one --designs run
     parser.add_argument("extra", nargs="*", help="extra han-score options after --, e.g. -- --workers 1 --threads 2")
     args = parser.parse_args()
@@ -231,6 +268,22 @@ def main() -> None:
     if args.designs:
         with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:
             compare_designs(model, args.data, args.designs, args.repeat, Path(tmp))
+        return
+    if args.compare_with:
+        with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:
+            rows = args.rows[0]
+            source = (
+                args.data if rows >= total_rows else first_rows(args.data, rows, Path(tmp) / f"first-{rows}.parquet")
+            )
+            compare_checkouts(
+                args.compare_with.resolve(),
+                source,
+                model,
+                args.explain_modes[0] == "on",
+                args.repeat,
+                Path(tmp),
+                args.extra,
+            )
         return
     results = []
     with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:

@@ -61,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra server environment")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        metavar="CHECKOUT",
+        help="instead: serve this other checkout (e.g. `git worktree add /tmp/prev HEAD~1`) and this one in "
+        "turn, --rounds times, and print each one's docs/s under --clients clients and the ratio",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison (default 3)")
     return parser.parse_args(argv)
 
 
@@ -75,7 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class Server:
-    def __init__(self, tag: str, workers: int | None, service: str, extra_env: dict[str, str]) -> None:
+    def __init__(
+        self, tag: str, workers: int | None, service: str, extra_env: dict[str, str], repo: Path = REPO
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {"HAN_WORKERS": str(workers)} if workers else {}
@@ -83,7 +93,7 @@ class Server:
         self.service = service
         self.log_path = Path(tempfile.gettempdir()) / f"serve_load-{self.port}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = start_server(tag, self.port, env=env, log=self.log, service=service)
+        self.process = start_server(tag, self.port, env=env, log=self.log, service=service, repo=repo)
 
     def wait_ready(self, timeout: float = 180) -> None:
         if wait_ready(self.url, self.process, timeout):
@@ -261,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"IMDB test reviews: mean {statistics.fmean(map(len, load)):.0f} characters; explain=true\n", flush=True)
 
     extra_env = dict(item.split("=", 1) for item in args.env)
+    if args.compare_with:
+        return compare(args, tag, extra_env, warmup, single, load)
     server = Server(tag, args.workers, args.service, extra_env)
     results: dict = {"model": tag, "service": args.service, "env": extra_env, "machine": info, "runs": []}
     try:
@@ -292,6 +304,48 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nload average after: {results['machine']['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def compare(
+    args: argparse.Namespace, tag: str, extra_env: dict[str, str], warmup: list[str], single: list[str], load: list[str]
+) -> int:
+    """The other checkout and this one, served in turn (A B A B ...): docs/s and p50 per round, and the ratios."""
+    versions = [("previous", args.compare_with.resolve()), ("this", REPO)]
+    figures: dict[str, list[dict]] = {name: [] for name, _ in versions}
+    print(f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}")
+    for round_ in range(1, args.rounds + 1):
+        for name, repo in versions:
+            server = Server(tag, args.workers, args.service, extra_env, repo=repo)
+            try:
+                server.wait_ready()
+                asyncio.run(run_load(server.url, warmup, 8))
+                one = measured(server, single, 1)
+                many = measured(server, load, args.clients)
+            finally:
+                server.stop()
+            figures[name].append(
+                {
+                    "docs_per_s": many["docs_per_s"],
+                    "p50_ms": many["p50_ms"],
+                    "errors": many["errors"],
+                    "single_p50_ms": one["p50_ms"],
+                }
+            )
+            print(
+                f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['errors']:>8}"
+                f"{one['p50_ms']:>14}",
+                flush=True,
+            )
+    ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures["previous"], figures["this"], strict=True)]
+    print(
+        f"\nthis / previous, docs/s under {args.clients} clients, per round: "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + f"; median {statistics.median(ratios):.3f}"
+    )
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps({"model": tag, "figures": figures, "ratios": ratios}, indent=2))
     return 0
 
 

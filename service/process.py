@@ -35,15 +35,17 @@ def start_server(
     log: IO[bytes] | None = None,
     service: str = SERVICE,
     own_session: bool = True,
+    repo: Path = REPO,
 ) -> subprocess.Popen[bytes]:
-    """``bentoml serve`` of ``service`` for model ``tag``. With ``own_session`` it gets a process group of
-    its own, so that ``stop_process_group`` ends its workers too."""
+    """``bentoml serve`` of ``service`` for model ``tag``, from the checkout ``repo`` (another one to
+    compare versions). With ``own_session`` it gets a process group of its own, so that
+    ``stop_process_group`` ends its workers too."""
     server_env = apply_defaults({**os.environ, **(env or {})})
     server_env["HAN_MODEL_TAG"] = tag
-    server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), server_env.get("PYTHONPATH", "")) if p)
+    server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), server_env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "bentoml", "serve", service, "--host", host, "--port", str(port)]
     return subprocess.Popen(
-        command, cwd=REPO, env=server_env, stdout=log, stderr=subprocess.STDOUT if log else None,
+        command, cwd=repo, env=server_env, stdout=log, stderr=subprocess.STDOUT if log else None,
         start_new_session=own_session,
     )
 

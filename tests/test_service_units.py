@@ -9,6 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
@@ -17,6 +20,14 @@ from service.api import ClassifyResponse
 from service.batcher import RequestBatcher
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
+
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` in a thread of its own: pytest-playwright keeps an event loop running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def test_batcher_runs_a_lone_request_at_once_and_gathers_the_ones_that_wait():
@@ -36,7 +47,7 @@ def test_batcher_runs_a_lone_request_at_once_and_gathers_the_ones_that_wait():
         results = await asyncio.gather(first, *rest)
         return results, time.perf_counter() - started
 
-    results, elapsed = asyncio.run(scenario())
+    results, elapsed = run_async(scenario())
     assert results == [2 * i for i in range(10)]
     assert batches == [[0], list(range(1, 10))]
     assert elapsed < 0.5
@@ -57,7 +68,7 @@ def test_batcher_caps_a_batch_by_items_but_never_splits_a_request():
         waiting = [asyncio.create_task(batcher(["a"] * n)) for n in (2, 2, 3, 6, 1)]
         return await asyncio.gather(blocker, *waiting)
 
-    assert asyncio.run(scenario()) == [1, 2, 2, 3, 6, 1]
+    assert run_async(scenario()) == [1, 2, 2, 3, 6, 1]
     sizes = [[len(r) for r in batch] for batch in batches]
     assert sizes == [[1], [2, 2], [3], [6], [1]]  # in arrival order; the 6-item request goes alone
 
@@ -73,7 +84,7 @@ def test_batcher_gives_each_caller_its_own_error():
         calls = [batcher(i) for i in (0, 1, 2, 3)]
         return await asyncio.gather(*calls, return_exceptions=True)
 
-    results = asyncio.run(scenario())
+    results = run_async(scenario())
     assert results[0] == 0 and results[2] == 2
     assert isinstance(results[1], ValueError) and str(results[1]) == "bad 1"
     assert isinstance(results[3], ValueError)
@@ -83,7 +94,7 @@ def test_batcher_gives_each_caller_its_own_error():
         out = await asyncio.gather(batcher(-1), return_exceptions=True)
         return [*out, await batcher(4)]  # the batcher keeps working after a failed batch
 
-    failed, after = asyncio.run(failing())
+    failed, after = run_async(failing())
     assert isinstance(failed, RuntimeError)
     assert after == 4
 
@@ -109,7 +120,7 @@ def test_batcher_drops_callers_that_went_away():
         await first
         return await kept
 
-    assert asyncio.run(scenario()) == 3
+    assert run_async(scenario()) == 3
     assert seen == [1, 3]
 
 
