@@ -256,6 +256,8 @@ def main() -> None:
         from benchmarks.bench_model import bench_model_dir
 
         model = str(bench_model_dir(args.data.parent / "train.parquet"))
+    elif Path(model).exists():
+        model = str(Path(model).resolve())  # another checkout runs in its own folder
 
     import pyarrow.parquet as pq
 
