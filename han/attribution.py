@@ -7,9 +7,9 @@ label), in the layout of ``HANOutput``: sentence weights [docs, max_sentences] a
     attention              the model's own attention (>= 0); a word's weight is within its sentence
     attention_gradient     attention times the gradient of the label's probability with respect to
                            it (Serrano & Smith, 2019); signed; one backward pass
-    integrated_gradients   over the word embeddings from an all-zero baseline (Sundararajan et al.,
-                           2017), summed per word and per sentence; signed, and the words of a document
-                           add up to p(label | text) - p(label | nothing)
+    integrated_gradients   over the word encoder's input (the embeddings) from an all-zero baseline
+                           (Sundararajan et al., 2017), summed per word and per sentence; signed, and the
+                           words of a document add up to p(label | text) - p(label | nothing)
     occlusion              the drop in the label's probability when the sentence (or the word, made
                            unknown) is taken out; signed; batched forward passes, no gradients
 
@@ -81,17 +81,17 @@ def integrated_gradients(
     with torch.inference_mode():
         logits = model(*batch).logits
     target = logits.argmax(-1) if target is None else target
-    embedded = model.embedding(batch.words).detach()
+    embedded = model.embed(batch.words).detach()  # the word encoder's input: embeddings (+ NB features)
     total = torch.zeros_like(embedded)
     points, weights = np.polynomial.legendre.leggauss(steps)  # Gauss-Legendre on [0, 1], as Captum does
     scale = 1.0
     grabbed: list[Tensor] = []
 
-    def scaled(_module: torch.nn.Module, _inputs: tuple, output: Tensor) -> Tensor:
-        grabbed.append(output * scale)
-        return grabbed[-1]
+    def scaled(_module: torch.nn.Module, inputs: tuple) -> tuple:
+        grabbed.append(inputs[0] * scale)
+        return (grabbed[-1], *inputs[1:])
 
-    handle = model.embedding.register_forward_hook(scaled)
+    handle = model.word_rnn.register_forward_pre_hook(scaled)
     try:
         for point, weight in zip((points + 1) / 2, weights / 2, strict=True):
             scale = float(point)

@@ -3,7 +3,7 @@
 A batch is a flat list of sentences (each a row of word ids, documents one after another)
 with the number of words in each sentence and the number of sentences in each document:
 
-    words  [num_sentences, max_words]  ->  embedding  ->  BiGRU over words
+    words  [num_sentences, max_words]  ->  embedding (+ fixed NB features)  ->  BiGRU over words
            ->  word attention (tanh MLP, learned context vector, softmax over real words)
     sentence vectors grouped per document  [docs, max_sentences, 2*word_hidden]
            ->  BiGRU over sentences  ->  sentence attention (same, over real sentences)
@@ -36,6 +36,7 @@ class HANConfig:
     attention_dim: int = 100
     dropout: float = 0.3
     word_dropout: float = 0.1  # training only: this share of words is replaced by <unk>
+    nb_features: int = 0  # fixed Naive Bayes log-count ratios per word beside its embedding (0: none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,7 +188,11 @@ class HAN(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=0)
-        self.word_rnn = BiGRU(config.embed_dim, config.word_hidden)
+        if config.nb_features:
+            # Fixed per-word evidence (NBSVM's log-count ratios, set from the training data) that the
+            # word encoder reads beside each embedding; a buffer, so it is saved but never trained.
+            self.register_buffer("nb_ratios", torch.zeros(config.vocab_size, config.nb_features))
+        self.word_rnn = BiGRU(config.embed_dim + config.nb_features, config.word_hidden)
         self.word_attention = Attention(2 * config.word_hidden, config.attention_dim)
         self.sentence_rnn = BiGRU(2 * config.word_hidden, config.sentence_hidden)
         self.sentence_attention = Attention(2 * config.sentence_hidden, config.attention_dim)
@@ -214,7 +219,7 @@ class HAN(nn.Module):
     def _sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Words -> one vector per sentence [sentences, 2*word_hidden] and word weights [sentences, max_words]."""
         if not self.training or not torch.is_grad_enabled():
-            h = self.word_rnn(self.embedding(words), lengths)
+            h = self.word_rnn(self.embed(words), lengths)
             return self.word_attention(h, _mask(lengths, words.shape[1]))
         # Training: sentences sorted into blocks of similar length, each run dense to its own width
         # and attended on its own. The backward direction's reversal is done on word ids and all
@@ -223,7 +228,7 @@ class HAN(nn.Module):
         restore, blocks = length_blocks(lengths)
         ids = [words[block.rows, : block.width] for block in blocks]
         both_ways = [t for block, i in zip(blocks, ids, strict=True) for t in (i, torch.gather(i, 1, block.reverse))]
-        embedded = self.embedding(torch.cat([t.reshape(-1) for t in both_ways])).split([t.numel() for t in both_ways])
+        embedded = self.embed(torch.cat([t.reshape(-1) for t in both_ways])).split([t.numel() for t in both_ways])
         vectors, weights = [], []
         for k, block in enumerate(blocks):
             x, x_reversed = (e.view(*ids[k].shape, -1) for e in embedded[2 * k : 2 * k + 2])
@@ -232,6 +237,13 @@ class HAN(nn.Module):
             vectors.append(v)
             weights.append(nn.functional.pad(w, (0, words.shape[1] - block.width)))
         return torch.cat(vectors)[restore], torch.cat(weights)[restore]
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """The word encoder's input for word ids: the embedding, and the NB features if any."""
+        embedded = self.embedding(ids)
+        if self.config.nb_features:
+            return torch.cat([embedded, self.nb_ratios[ids]], dim=-1)
+        return embedded
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Label scores: sigmoid per label for multi-label models, softmax otherwise."""

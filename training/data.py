@@ -105,6 +105,8 @@ class HANDataModule(pl.LightningDataModule):
         validation: validation data; when omitted, ``val_fraction`` of train is held out
             (stratified by label, seeded).
         test: test data, used by ``han-train test`` and the evaluation report after ``fit``.
+        unlabeled: more text in any of the same formats, with or without a label column: word vectors
+            built with ``--model.embeddings word2vec`` learn from it as well as from train.
         text_column: the column holding the document text.
         label_column: the column holding the label (string or integer), or a list of labels when
             ``multi_label`` is true.
@@ -130,6 +132,7 @@ class HANDataModule(pl.LightningDataModule):
         train: str,
         validation: str | None = None,
         test: str | None = None,
+        unlabeled: str | None = None,
         text_column: str = "text",
         label_column: str = "label",
         multi_label: bool = False,
@@ -162,6 +165,8 @@ class HANDataModule(pl.LightningDataModule):
         self.label_names: list[str] | None = labels
         self.splits: dict[str, EncodedDocuments] = {}
         self._keys: dict[str, datasets.Dataset] = {}
+        self.cache_keys: dict[str, str] = {}  # split -> key of its tokenisation cache
+        self._unlabeled: datasets.Dataset | None = None
 
     # -- public facts, available after setup() -------------------------------------------------
     @property
@@ -179,6 +184,31 @@ class HANDataModule(pl.LightningDataModule):
         self.setup()
         assert self.vocab is not None
         return len(self.vocab)
+
+    def sentences(self) -> Iterator[list[str]]:
+        """Every sentence (its token keys) of the training split, then of the unlabelled text: the corpus
+        word vectors are built from. Tokenises the unlabelled text (cached) on first use."""
+        for split in (self.split_keys("train"), self.unlabeled_keys()):
+            if split is not None:
+                for document in self._iter_keys(split):
+                    yield from document
+
+    def split_keys(self, split: str) -> datasets.Dataset:
+        self.setup()
+        return self._keys[split]
+
+    def unlabeled_keys(self) -> datasets.Dataset | None:
+        """The unlabelled text, tokenised (and cached) on first use; None without ``unlabeled``."""
+        if self.hparams.unlabeled and self._unlabeled is None:
+            self._unlabeled = self._tokenised("unlabeled", self.hparams.unlabeled, None)
+        return self._unlabeled
+
+    def token_counts(self) -> np.ndarray:
+        """How often each vocabulary id occurs in the training split."""
+        self.setup()
+        assert self.vocab is not None
+        ids = [ids for ids, _ in self.splits["train"].documents]
+        return np.bincount(np.concatenate(ids), minlength=len(self.vocab)) if ids else np.zeros(len(self.vocab))
 
     def texts(self, split: str) -> list[str]:
         """The split's documents as text, in order (those with no words left out, as in training):
@@ -245,9 +275,13 @@ class HANDataModule(pl.LightningDataModule):
 
     # -- loading and tokenising ------------------------------------------------------------------
     def _tokenised(self, split: str, source: str, limit: int | None) -> datasets.Dataset:
+        """The split tokenised (columns text, keys and target), cached on disk. Unlabelled text
+        (``split == "unlabeled"``) needs no label column; its targets are empty."""
         hp = self.hparams
         raw = load_source(source)
-        missing = [c for c in (hp.text_column, hp.label_column) if c not in raw.column_names]
+        labelled = split != "unlabeled"
+        needed = (hp.text_column, hp.label_column) if labelled else (hp.text_column,)
+        missing = [c for c in needed if c not in raw.column_names]
         if missing:
             raise DataError(
                 f"{split} ({source}): no column {missing[0]!r}; its columns are {', '.join(raw.column_names)} "
@@ -255,8 +289,9 @@ class HANDataModule(pl.LightningDataModule):
             )
         if limit is not None:
             raw = raw.select(range(min(limit, len(raw))))
-        raw = raw.select_columns([hp.text_column, hp.label_column])
+        raw = raw.select_columns(list(needed))
         key = self._cache_key(source, raw, limit)
+        self.cache_keys[split] = key
         cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
         cache.parent.mkdir(parents=True, exist_ok=True)
         segmenter = Segmenter(self.segmenter_config)
@@ -268,12 +303,13 @@ class HANDataModule(pl.LightningDataModule):
             for i, text in enumerate(texts):
                 if not isinstance(text, str):
                     raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
-            for segment, label in zip(segmenter.segment_many(texts), batch[label_column], strict=True):
+            labels = batch[label_column] if labelled else [None] * len(texts)
+            for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
                 if segment.is_empty:
                     continue  # nothing to learn from
                 kept.append(segment.text)
                 keys.append(segment.token_keys)
-                targets.append(self._label_strings(label, split, source))
+                targets.append(self._label_strings(label, split, source) if labelled else [])
             return {"text": kept, "keys": keys, "target": targets}
 
         result = raw.map(

@@ -20,7 +20,9 @@ from han.batch import Batch
 from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
+from training.nb_features import feature_count, nb_ratios
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
+from training.word_vectors import word_vectors
 
 
 class HANClassifier(pl.LightningModule):
@@ -49,6 +51,13 @@ class HANClassifier(pl.LightningModule):
         init_from: start from a stored model (a BentoML tag or a model directory) instead of from
             scratch; its sizes replace embed_dim, word_hidden, sentence_hidden and attention_dim
             (see ``training.warm_start``).
+        embeddings: initialise the word embeddings from a vectors file (word2vec text or binary,
+            GloVe, fastText .vec, gensim KeyedVectors; its dimension must be embed_dim), or
+            ``word2vec`` to build them here from the training text and ``data.unlabeled``
+            (``training.word_vectors``); null for random.
+        freeze_embeddings: keep the initial vectors fixed for this many epochs.
+        nb_features: give the word encoder each word's Naive Bayes log-count ratios from the training
+            data beside its embedding (``training.nb_features``).
     """
 
     def __init__(
@@ -70,15 +79,21 @@ class HANClassifier(pl.LightningModule):
         warmup_fraction: float = 0.1,
         grad_clip: float = 5.0,
         init_from: str | None = None,
+        embeddings: str | None = None,
+        freeze_embeddings: int = 0,
+        nb_features: bool = False,
     ) -> None:
         super().__init__()
         self._stored = None
+        self._initialised = False
         if init_from:
             self._stored = load_stored(init_from)
             stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
+        if freeze_embeddings < 0:
+            raise ValueError(f"model.freeze_embeddings must be 0 or more, not {freeze_embeddings}")
         if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
             raise ValueError("model.dropout and model.word_dropout must be in [0, 1)")
         self.save_hyperparameters()
@@ -86,6 +101,7 @@ class HANClassifier(pl.LightningModule):
             vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
             word_hidden=word_hidden, sentence_hidden=sentence_hidden, attention_dim=attention_dim,
             dropout=dropout, word_dropout=word_dropout,
+            nb_features=feature_count(num_labels, multi_label) if nb_features else 0,
         ))
         n = num_labels
         if multi_label:
@@ -112,11 +128,27 @@ class HANClassifier(pl.LightningModule):
         self.pipeline: Pipeline | None = None
 
     def setup(self, stage: str) -> None:
-        # Before a checkpoint is restored (so --ckpt_path still wins), once the data's vocabulary exists.
-        if stage == "fit" and self._stored is not None:
-            data = self.trainer.datamodule
+        # Before a checkpoint is restored (so --ckpt_path still wins), once the data's vocabulary exists:
+        # vectors first, then a stored model's words and encoders over them.
+        if stage != "fit" or self._initialised:
+            return
+        self._initialised = True
+        data = self.trainer.datamodule
+        if self.hparams.embeddings:
+            vectors = word_vectors(self.hparams.embeddings, data, self.net.config.embed_dim, data.hparams.seed)
+            with torch.no_grad():
+                self.net.embedding.weight.copy_(torch.from_numpy(vectors.matrix))
+            rank_zero_info(f"{vectors.source}: {vectors.coverage(data.token_counts())}")
+        if self.net.config.nb_features:
+            train = data.splits["train"]
+            ratios = nb_ratios(train.documents, train.targets, len(data.vocab), self.net.config.multi_label)
+            self.net.nb_ratios.copy_(torch.from_numpy(ratios))
+        if self._stored is not None:
             rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
             self._stored = None
+
+    def on_train_epoch_start(self) -> None:
+        self.net.embedding.weight.requires_grad_(self.current_epoch >= self.hparams.freeze_embeddings)
 
     # -- steps --------------------------------------------------------------------------------------
     def forward(self, batch: Batch) -> Tensor:

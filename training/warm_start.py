@@ -36,6 +36,9 @@ def warm_start(net: HAN, stored: SavedModel, vocab: Vocabulary, labels: list[str
         if getattr(net.config, name) != getattr(source.config, name):
             raise ValueError(f"model.init_from: the stored model has {name}={getattr(source.config, name)}, "
                              f"this run {getattr(net.config, name)}")
+    if net.config.nb_features != source.config.nb_features:
+        raise ValueError(f"model.init_from: the stored model has nb_features={source.config.nb_features}, "
+                         f"this run {net.config.nb_features} (set --model.nb_features to match)")
     for part in ("word_rnn", "word_attention", "sentence_rnn", "sentence_attention"):
         getattr(net, part).load_state_dict(getattr(source, part).state_dict())
 
