@@ -3,9 +3,14 @@
     python benchmarks/accuracy.py                       # all four datasets (hours on 2 cores)
     python benchmarks/accuracy.py imdb 20newsgroups     # some of them
     python benchmarks/accuracy.py imdb --han-run runs/imdb   # reuse a finished `han-train fit` run
+    python benchmarks/accuracy.py imdb 20newsgroups --labelled 2000   # few labels: 2,000 labelled + the rest unlabelled
+    python benchmarks/accuracy.py imdb --han-args="--model.nb_features true"   # any han-train override
 
 Baseline: TF-IDF uni+bigrams (sublinear tf, min_df=2) + LogisticRegression(C=10), or one-vs-rest
 LinearSVC for multi-label Reuters. HAN: `han-train fit --config data/configs/<dataset>.yaml`.
+With ``--labelled N`` both learn from a stratified sample of N training documents (seed 0), and the
+HAN also gets the rest of the training split's text as ``--data.unlabeled`` (word vectors built
+from it); the test split is the same.
 Prints a table: dataset, model, score (accuracy; micro-F1 for Reuters), train time, and the HAN's
 training throughput (documents/s, words/s, seconds per epoch) from its CSV log.
 """
@@ -17,8 +22,10 @@ import csv
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,9 +51,25 @@ def load(folder: str, split: str) -> datasets.Dataset:
     return datasets.load_dataset("parquet", data_files=str(SHARED / folder / f"{split}.parquet"), split="train")
 
 
-def baseline(name: str) -> dict:
+def few_labels(name: str, labelled: int, workdir: Path) -> tuple[Path, Path]:
+    """A stratified sample of ``labelled`` training documents, and the rest of the training text."""
+    from sklearn.model_selection import train_test_split
+
+    folder, column, multi, _ = DATASETS[name]
+    train = load(folder, "train")
+    stratify = None if multi else [str(y) for y in train[column]]
+    keep, rest = train_test_split(range(len(train)), train_size=labelled, random_state=0, stratify=stratify)
+    sample, unlabeled = workdir / f"{name}-{labelled}.parquet", workdir / f"{name}-unlabeled.parquet"
+    train.select(sorted(keep)).to_parquet(str(sample))
+    train.select(sorted(rest)).select_columns(["text"]).to_parquet(str(unlabeled))
+    return sample, unlabeled
+
+
+def baseline(name: str, train_path: Path | None = None) -> dict:
     folder, column, multi, _ = DATASETS[name]
     train, test = load(folder, "train"), load(folder, "test")
+    if train_path is not None:
+        train = datasets.load_dataset("parquet", data_files=str(train_path), split="train")
     start = time.perf_counter()
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)
     x_train = vectorizer.fit_transform(train["text"])
@@ -68,15 +91,16 @@ def baseline(name: str) -> dict:
     return {"dataset": name, "model": model_name, "metric": metric, "score": score, "train_s": seconds}
 
 
-def han(name: str, run: Path | None) -> dict:
+def han(name: str, run: Path | None, extra: list[str]) -> dict:
     _, _, multi, config = DATASETS[name]
     seconds = None
     if run is None:
-        run = REPO / "runs" / config
+        run = REPO / "runs" / (f"{config}-few" if "--data.unlabeled" in extra else config)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "training.cli", "fit", "--config", str(REPO / "data" / "configs" / f"{config}.yaml"),
-             "--trainer.enable_progress_bar", "false"],
+             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run),
+             "--export.register", "false", "--export.faithfulness", "0", *extra],
             cwd=REPO, check=True,
         )
         seconds = time.perf_counter() - start
@@ -105,13 +129,21 @@ def main() -> None:
     parser.add_argument("datasets", nargs="*", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--han-run", type=Path, help="read the HAN's figures from this finished run (one dataset)")
     parser.add_argument("--skip-han", action="store_true", help="baseline only")
+    parser.add_argument("--labelled", type=int, help="few labels: train on N labelled documents, the rest unlabelled")
+    parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
     args = parser.parse_args()
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", BENTOML_DO_NOT_TRACK="true")
     rows = []
+    workdir = Path(tempfile.mkdtemp(prefix="han-accuracy-"))
     for name in args.datasets:
-        rows.append(baseline(name))
+        extra = shlex.split(args.han_args)
+        train_path = None
+        if args.labelled:
+            train_path, unlabeled = few_labels(name, args.labelled, workdir)
+            extra += ["--data.train", str(train_path), "--data.unlabeled", str(unlabeled)]
+        rows.append(baseline(name, train_path))
         if not args.skip_han:
-            rows.append(han(name, args.han_run))
+            rows.append(han(name, args.han_run, extra))
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only\n")
     print("| dataset | model | metric | test score | train time (s) |")
     print("| --- | --- | --- | --- | --- |")
