@@ -1,0 +1,94 @@
+"""Explanation methods side by side on a trained model: what each costs, and how faithful it is.
+
+    .venv/bin/python benchmarks/explain.py                         # han-imdb:latest, IMDB test
+    .venv/bin/python benchmarks/explain.py runs/imdb/model --documents 500 --tau-documents 50
+
+Cost: milliseconds per document through ``han.Pipeline`` with a full explanation, one review at a
+time (the median over ``--single`` reviews: a service request) and in batches of 64 (han-score),
+one torch thread, against no explanation. Faithfulness: ``han.faithfulness`` on ``--documents``
+test reviews (comprehensiveness and sufficiency AOPC, top-1 sentence deletion, Kendall tau
+against leave-one-word-out), each method against a random ranking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", default="han-imdb:latest", help="BentoML tag or model directory")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--single", type=int, default=100, help="reviews explained one at a time")
+    parser.add_argument("--batched", type=int, default=256, help="reviews explained in batches of 64")
+    parser.add_argument("--documents", type=int, default=500, help="reviews for the faithfulness measures")
+    parser.add_argument("--tau-documents", type=int, default=50, help="of those, for the Kendall tau")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    import pyarrow.parquet as pq
+    import torch
+
+    import model_store
+    from han import Pipeline
+    from han.attribution import METHODS
+    from han.faithfulness import evaluate_faithfulness
+
+    torch.set_num_threads(1)
+    pipeline = Pipeline(model_store.load(args.model), batch_size=64)
+    texts = pq.read_table(args.data, columns=["text"]).column("text").to_pylist()
+    random.Random(0).shuffle(texts)
+    print(f"model {args.model}; {os.cpu_count()} CPUs, 1 torch thread; load average {os.getloadavg()}", flush=True)
+
+    cost: dict[str, dict[str, float]] = {}
+    for method in ("none", *METHODS):
+        explain, name = (None, "attention") if method == "none" else ("full", method)
+        pipeline(texts[:4], explain=explain, method=name)  # warm-up
+        single = []
+        for text in texts[: args.single]:
+            start = time.perf_counter()
+            pipeline([text], explain=explain, method=name)
+            single.append(1000 * (time.perf_counter() - start))
+        start = time.perf_counter()
+        pipeline(texts[: args.batched], explain=explain, method=name)
+        batched = 1000 * (time.perf_counter() - start) / args.batched
+        cost[method] = {"single_p50_ms": statistics.median(single), "batched_ms_per_doc": batched}
+        print(
+            f"{method:<22} one review p50 {cost[method]['single_p50_ms']:7.1f} ms   batched {batched:7.2f} ms/review",
+            flush=True,
+        )
+
+    print(f"\nfaithfulness on {args.documents} reviews (Kendall tau on {args.tau_documents}) ...", flush=True)
+    faith = evaluate_faithfulness(pipeline, texts[: args.documents], tau_documents=args.tau_documents)
+    random_ = faith["methods"]["random"]
+    print(
+        f"{'method':<22}{'comp. AOPC':>11}{'x random':>9}{'suff. AOPC':>11}{'x random':>9}"
+        f"{'top-1 drop':>11}{'x random':>9}{'flip':>7}{'tau':>7}"
+    )
+    for method, m in faith["methods"].items():
+        tau = faith["kendall_tau"].get(method)
+        print(
+            f"{method:<22}{m['comprehensiveness_aopc']:>11.4f}"
+            f"{m['comprehensiveness_aopc'] / random_['comprehensiveness_aopc']:>9.1f}"
+            f"{m['sufficiency_aopc']:>11.4f}{m['sufficiency_aopc'] / random_['sufficiency_aopc']:>9.2f}"
+            f"{m['top1_sentence_drop']:>11.4f}{m['top1_sentence_drop'] / random_['top1_sentence_drop']:>9.1f}"
+            f"{m['top1_sentence_flip_rate']:>7.3f}{'' if tau is None else f'{tau:7.3f}'}"
+        )
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps({"cost": cost, "faithfulness": faith}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
