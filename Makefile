@@ -10,6 +10,8 @@ export BENTOML_DO_NOT_TRACK := true
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# The browser tests use the system Chromium; Playwright never downloads one.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 .PHONY: run test lint install clean
 
