@@ -21,6 +21,9 @@ from scoring.score import ScoredWindow, ScoringOptions
 _loaded: dict[tuple[str, ScoringOptions], Any] = {}  # the worker's pipeline, loaded on its first window
 
 
+DIED = "a scoring worker died (killed, or out of memory?)"
+
+
 class WorkerError(Exception):
     """A worker died or failed; the message says which in one line."""
 
@@ -88,7 +91,10 @@ class Workers:
 
     def submit(self, seq: int, texts: list[Any]) -> None:
         assert self.job is not None, "configure() first"
-        self.pending[self.executor.submit(_score, *self.job, texts)] = (seq, texts)
+        try:
+            self.pending[self.executor.submit(_score, *self.job, texts)] = (seq, texts)
+        except BrokenProcessPool:
+            raise WorkerError(DIED) from None
 
     def take_back(self) -> tuple[int, list[Any]] | None:
         """A window no worker has started yet (to score it in this process), if any."""
@@ -109,7 +115,7 @@ class Workers:
             try:
                 out.append((seq, future.result()))
             except BrokenProcessPool:
-                raise WorkerError("a scoring worker died (killed, or out of memory?)") from None
+                raise WorkerError(DIED) from None
             except Exception as e:
                 raise WorkerError(f"scoring failed: {type(e).__name__}: {e}") from None
         return out

@@ -542,3 +542,47 @@ def test_the_scoring_function_is_the_pipeline_as_columns_bad_rows_included(tiny_
             assert [(w["start"], w["end"], w["weight"]) for w in scored.top_words[k]] == [
                 (w.start, w.end, w.weight) for w in r.top_words
             ]
+
+
+@pytest.mark.parametrize("how", ["a worker is killed", "Ctrl-C"])
+def test_a_dead_worker_or_ctrl_c_stops_with_one_line_and_no_process_left(
+    tmp_path: Path, tiny_model_dir: Path, how: str
+) -> None:
+    import psutil
+
+    source = write_input(tmp_path / "big.jsonl", input_rows(copies=100))
+    output = tmp_path / "out.parquet"
+    cmd = [str(source), str(output), "--model", str(tiny_model_dir), "--quiet", "--workers", "2"]
+    cmd += ["--chunk-size", "40", "--window", "20"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scoring", *cmd],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_parts(tmp_path / "out.parquet.parts" / "manifest.json", proc, 1)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        if how == "Ctrl-C":
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends: to the whole process group
+        else:
+            (worker,) = [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+            worker.kill()
+        _, err = proc.communicate(timeout=60)
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, f"processes outlived the job: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if how == "Ctrl-C":
+        assert proc.returncode == 130
+        assert err.startswith("han-score: interrupted; committed chunks are kept in"), err
+    else:
+        assert proc.returncode == 1
+        assert err.startswith("han-score: error: a scoring worker died"), err
+        assert "--resume" in err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
