@@ -37,6 +37,8 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.preprocessing import MultiLabelBinarizer
 from sklearn.svm import LinearSVC
 
+from han.environment import apply_defaults
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shared" / "datasets"))
 DATASETS = {  # name: (folder, label column, multi-label, config)
@@ -45,6 +47,7 @@ DATASETS = {  # name: (folder, label column, multi-label, config)
     "20newsgroups": ("20newsgroups", "label", False, "20newsgroups"),
     "reuters": ("reuters21578", "labels", True, "reuters"),
 }
+
 
 
 def load(folder: str, split: str) -> datasets.Dataset:
@@ -132,7 +135,7 @@ def main() -> None:
     parser.add_argument("--labelled", type=int, help="few labels: train on N labelled documents, the rest unlabelled")
     parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
     args = parser.parse_args()
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", BENTOML_DO_NOT_TRACK="true")
+    apply_defaults()
     rows = []
     workdir = Path(tempfile.mkdtemp(prefix="han-accuracy-"))
     for name in args.datasets:

@@ -36,10 +36,12 @@ from typing import Any
 
 import psutil
 
+from han.environment import apply_defaults
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "datasets" / "imdb"
 
-ENV = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+ENV = apply_defaults(dict(os.environ))
 
 
 def first_rows(source: Path, rows: int, dest: Path) -> Path:

@@ -21,8 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from han.environment import apply_defaults
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
+
 
 
 def main() -> int:
@@ -35,7 +38,7 @@ def main() -> int:
     parser.add_argument("--tau-documents", type=int, default=50, help="of those, for the Kendall tau")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    apply_defaults()
     import pyarrow.parquet as pq
     import torch
 

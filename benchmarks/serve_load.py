@@ -38,10 +38,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from han.environment import apply_defaults
 from service.process import free_port, start_server, stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
+
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -248,7 +250,7 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    apply_defaults()
     sys.path.insert(0, str(REPO))
     if args.make_bench_model:
         from benchmarks.bench_model import bench_model_dir, register_bench_model

@@ -32,10 +32,12 @@ import torch
 import yaml
 from torch import Tensor
 
+from han.environment import apply_defaults
 from han.model import HAN, HANConfig, _mask
 from training.data import HANDataModule
 
 REPO = Path(__file__).resolve().parent.parent
+
 
 
 class PackedHAN(HAN):
@@ -82,7 +84,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compare-with", type=Path, help="also time the HAN of this model.py (another version)")
     args = parser.parse_args()
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    apply_defaults()
     torch.set_num_threads(args.threads)
 
     config = yaml.safe_load(args.config.read_text())

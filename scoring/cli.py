@@ -157,8 +157,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    for key, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "BENTOML_DO_NOT_TRACK": "true"}.items():
-        os.environ.setdefault(key, value)  # han.environment's defaults, before anything imports han
     from scoring import formats, partial, read  # light: their heavy imports are inside functions
 
     # Cheap checks first: no process is started for a job that cannot run.
@@ -200,11 +198,13 @@ def _check_and_run(
 ) -> int:
     import pyarrow as pa
 
+    from han.environment import apply_defaults  # after the workers are spawned: han imports torch
     from scoring import formats, read
     from scoring.job import Scorer
     from scoring.partial import PartialOutput
     from scoring.score import ScoringOptions
 
+    apply_defaults()
     # Arrow's default pool (mimalloc) keeps freed reading buffers mapped: measured on IMDB test,
     # +87 MB of RSS at 25,000 rows over 5,000 (one big row group); glibc's pool, +27 MB.
     pa.set_memory_pool(pa.system_memory_pool())

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from han.environment import apply_defaults
+
+apply_defaults()
 # Tests never touch the user's model store: every session gets an empty one of its own.
 os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="han-test-bentoml-")
 # One torch thread: with one per core, small models crawl when another process keeps a core busy.

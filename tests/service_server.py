@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from han.environment import apply_defaults
 from service.process import free_port, start_server, stop_process_group, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,14 +36,8 @@ print(register(han.SavedModel.load(sys.argv[1]), sys.argv[2]))
 
 
 def base_env(bentoml_home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        BENTOML_HOME=str(bentoml_home),
-        BENTOML_DO_NOT_TRACK="true",
-        HF_DATASETS_OFFLINE="1",
-        HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
+    env = apply_defaults(dict(os.environ))
+    env.update(BENTOML_HOME=str(bentoml_home), PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
 
 

@@ -20,11 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from han import Pipeline, TopK
+from han.environment import apply_defaults
 from scoring.cli import main
 from tests.tiny_model import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+ENV = apply_defaults(dict(os.environ))
 
 # Rows that cannot be scored, and the reason each must be reported with.
 BAD_ROWS = {
