@@ -126,10 +126,12 @@ class Workers:
             return
         self.closed = True
         abandon = bool(self.pending)
-        processes = list((getattr(self.executor, "_processes", None) or {}).values())  # what shutdown would wait for
-        self.executor.shutdown(wait=not abandon, cancel_futures=True)
         if abandon:
-            for process in processes:
+            # Kill first, then shut down: Python 3.11 offers no public way to stop a worker mid-window
+            # (hence the private _processes), and an executor shut down while a worker is still dying
+            # can write its stop message into a pipe nobody reads (a BrokenPipeError on stderr).
+            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
                 with contextlib.suppress(Exception):
                     process.kill()
             self.pending.clear()
+        self.executor.shutdown(wait=not abandon, cancel_futures=True)
