@@ -43,7 +43,11 @@ def attribute(model: HAN, batch: Batch, method: str, target: Tensor | None = Non
         with torch.inference_mode():
             out = model(*batch)
         return out.logits, out.sentence_weights, out.word_weights
-    return _METHODS[method](model, batch, target)
+    # Callers may run under inference mode (Lightning's test loop does): step out of it, with copies
+    # of the batch's tensors, which inference mode made unusable for autograd.
+    with torch.inference_mode(False), torch.enable_grad():
+        batch = Batch(*(t.clone() for t in batch))
+        return _METHODS[method](model, batch, target)
 
 
 def _label_probability(model: HAN, logits: Tensor, target: Tensor | None) -> tuple[Tensor, Tensor]:

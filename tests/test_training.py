@@ -123,6 +123,17 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> 
     assert sum(line["label"] == t for line, t in zip(lines, truth, strict=True)) >= 0.9 * len(truth)
 
 
+def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path) -> None:
+    root = fit(tmp_path, "--export.faithfulness", "0")
+    assert not (root / "report" / "test" / "faithfulness.json").exists()
+    main(["test", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+          "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
+    faithfulness = json.loads((root / "report" / "test" / "faithfulness.json").read_text())
+    assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
+                                            "random"}
+    assert (root / "report" / "test" / "faithfulness.png").stat().st_size > 1000
+
+
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")

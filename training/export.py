@@ -116,7 +116,8 @@ class ExportModel(pl.Callback):
     def saved_model(self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: bool) -> SavedModel:
         """The model as exported: the module's network (the best checkpoint's weights if ``best``),
         the data's vocabulary, labels and caps, and, multi-label, the decision threshold."""
-        net = copy.deepcopy(pl_module.net).cpu().eval()
+        with torch.inference_mode(False):  # under Lightning's test loop: the copy must be usable by autograd
+            net = copy.deepcopy(pl_module.net).cpu().eval()
         path = trainer.checkpoint_callback.best_model_path if best and trainer.checkpoint_callback else ""
         if path:
             state = load_checkpoint(path)["state_dict"]
