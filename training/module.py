@@ -48,6 +48,8 @@ class HANClassifier(pl.LightningModule):
         scheduler: ``onecycle`` (warm-up then cosine decay to ~0), ``cosine``, or ``constant``.
         warmup_fraction: share of steps spent warming up with ``onecycle``.
         grad_clip: clip the gradient norm to this value (0 disables).
+        label_smoothing: share of each target spread over all labels (multi-label: each target moves
+            this share towards 0.5); 0 disables.
         init_from: start from a stored model (a BentoML tag or a model directory) instead of from
             scratch; its sizes replace embed_dim, word_hidden, sentence_hidden and attention_dim
             (see ``training.warm_start``).
@@ -78,6 +80,7 @@ class HANClassifier(pl.LightningModule):
         scheduler: Literal["onecycle", "cosine", "constant"] = "onecycle",
         warmup_fraction: float = 0.1,
         grad_clip: float = 5.0,
+        label_smoothing: float = 0.0,
         init_from: str | None = None,
         embeddings: str | None = None,
         freeze_embeddings: int = 0,
@@ -96,6 +99,8 @@ class HANClassifier(pl.LightningModule):
             raise ValueError(f"model.freeze_embeddings must be 0 or more, not {freeze_embeddings}")
         if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
             raise ValueError("model.dropout and model.word_dropout must be in [0, 1)")
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"model.label_smoothing must be in [0, 1), not {label_smoothing}")
         self.save_hyperparameters()
         self.net = HAN(HANConfig(
             vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
@@ -113,7 +118,7 @@ class HANClassifier(pl.LightningModule):
                 "acc": MultilabelAccuracy(n, average="micro"),
             }
         else:
-            self.loss_fn = nn.CrossEntropyLoss()
+            self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
             metrics = {
                 "score": MulticlassAccuracy(n, average="micro"),
                 "acc": MulticlassAccuracy(n, average="micro"),
@@ -157,7 +162,11 @@ class HANClassifier(pl.LightningModule):
     def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
         inputs, target = batch
         logits = self(inputs)
-        loss = self.loss_fn(logits, target)
+        smoothing = self.hparams.label_smoothing
+        if self.net.config.multi_label and smoothing and split == "train":
+            loss = self.loss_fn(logits, target * (1 - smoothing) + smoothing / 2)
+        else:
+            loss = self.loss_fn(logits, target)
         preds = torch.sigmoid(logits) if self.net.config.multi_label else logits.argmax(-1)
         metric_target = target.long() if self.net.config.multi_label else target
         metrics = getattr(self, f"{split}_metrics")
