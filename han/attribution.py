@@ -92,7 +92,9 @@ def integrated_gradients(
     grabbed: list[Tensor] = []
 
     def scaled(_module: torch.nn.Module, inputs: tuple) -> tuple:
-        grabbed.append(inputs[0] * scale)
+        # A leaf of its own: the gradient is taken at this point whether or not the embedding table
+        # itself is trainable (it is frozen for the first epochs of a fit).
+        grabbed.append((inputs[0] * scale).detach().requires_grad_())
         return (grabbed[-1], *inputs[1:])
 
     handle = model.word_rnn.register_forward_pre_hook(scaled)

@@ -67,6 +67,17 @@ def test_integrated_gradients_add_up_to_the_change_from_an_empty_input(pipeline:
     torch.testing.assert_close(sentences, words.sum(-1))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_works_while_the_embedding_table_is_frozen(tiny_model_dir: Path, method: str) -> None:
+    # a fit freezes the vectors for its first epochs and measures faithfulness on that network at export
+    pipeline = Pipeline(SavedModel.load(tiny_model_dir))
+    pipeline.model.embedding.weight.requires_grad_(False)
+    batch = batch_of(pipeline, TEXTS)
+    reference = attribute(Pipeline(SavedModel.load(tiny_model_dir)).model, batch, method)
+    for got, expected in zip(attribute(pipeline.model, batch, method), reference, strict=True):
+        torch.testing.assert_close(got, expected)
+
+
 def test_the_pipeline_names_the_method_and_refuses_an_unknown_one(pipeline: Pipeline) -> None:
     (result,) = pipeline([TEXTS[0]], explain="full", method="attention_gradient")
     assert result.method == "attention_gradient"

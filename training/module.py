@@ -55,9 +55,11 @@ class HANClassifier(pl.LightningModule):
             (see ``training.warm_start``).
         embeddings: initialise the word embeddings from a vectors file (word2vec text or binary,
             GloVe, fastText .vec, gensim KeyedVectors; its dimension must be embed_dim), or
-            ``word2vec`` to build them here from the training text and ``data.unlabeled``
-            (``training.word_vectors``); null for random.
-        freeze_embeddings: keep the initial vectors fixed for this many epochs.
+            ``word2vec`` (the default, the paper's recipe) to build them here from the training text
+            and ``data.unlabeled`` (``training.word_vectors``); null for random. Not used with
+            ``init_from``, whose model brings its own vectors.
+        freeze_embeddings: keep the initial vectors fixed for this many epochs (the new layers first
+            learn to read them).
         nb_features: give the word encoder each word's Naive Bayes log-count ratios from the training
             data beside its embedding (``training.nb_features``).
     """
@@ -82,8 +84,8 @@ class HANClassifier(pl.LightningModule):
         grad_clip: float = 5.0,
         label_smoothing: float = 0.0,
         init_from: str | None = None,
-        embeddings: str | None = None,
-        freeze_embeddings: int = 0,
+        embeddings: str | None = "word2vec",
+        freeze_embeddings: int = 1,
         nb_features: bool = False,
     ) -> None:
         super().__init__()
@@ -139,7 +141,7 @@ class HANClassifier(pl.LightningModule):
             return
         self._initialised = True
         data = self.trainer.datamodule
-        if self.hparams.embeddings:
+        if self.hparams.embeddings and self._stored is None:
             vectors = word_vectors(self.hparams.embeddings, data, self.net.config.embed_dim, data.hparams.seed)
             with torch.no_grad():
                 self.net.embedding.weight.copy_(torch.from_numpy(vectors.matrix))
