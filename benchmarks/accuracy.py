@@ -10,7 +10,7 @@ Baseline: TF-IDF uni+bigrams (sublinear tf, min_df=2) + LogisticRegression(C=10)
 LinearSVC for multi-label Reuters. HAN: `han-train fit --config data/configs/<dataset>.yaml`.
 With ``--labelled N`` both learn from a stratified sample of N training documents (seed 0), and the
 HAN also gets the rest of the training split's text as ``--data.unlabeled`` (word vectors built
-from it); the test split is the same.
+from it) and the small-data overlay ``data/configs/small_data.yaml``; the test split is the same.
 Prints a table: dataset, model, score (accuracy; micro-F1 for Reuters), train time, and the HAN's
 training throughput (documents/s, words/s, seconds per epoch) from its CSV log.
 """
@@ -143,7 +143,8 @@ def main() -> None:
         train_path = None
         if args.labelled:
             train_path, unlabeled = few_labels(name, args.labelled, workdir)
-            extra += ["--data.train", str(train_path), "--data.unlabeled", str(unlabeled)]
+            extra = ["--config", str(REPO / "data" / "configs" / "small_data.yaml"), "--data.train", str(train_path),
+                     "--data.unlabeled", str(unlabeled), *extra]
         rows.append(baseline(name, train_path))
         if not args.skip_han:
             rows.append(han(name, args.han_run, extra))

@@ -330,3 +330,21 @@ def test_init_from_an_unknown_model_fails_in_one_line(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert "model.init_from: no model directory or BentoML model named 'han-nowhere:latest'" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [[name] for name in ("imdb", "imdb_quick", "imdb_rating", "20newsgroups", "reuters", "smoke")]
+    + [["imdb", "small_data"], ["20newsgroups", "small_data"]],
+)
+def test_every_shipped_config_resolves(configs: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    args = [a for name in configs for a in ("--config", str(REPO / "data" / "configs" / f"{name}.yaml"))]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "embeddings: word2vec" in printed
+    if "small_data" in configs:
+        assert "freeze_embeddings: 5" in printed and "max_epochs: 15" in printed
+    if configs[0] in ("20newsgroups", "reuters"):
+        assert "EMAWeightAveraging" in printed and "LearningRateMonitor" in printed  # appended, not replacing
