@@ -100,6 +100,27 @@ def test_weight_averaging_from_the_command_line_exports_the_averaged_weights(tmp
     torch.testing.assert_close(exported, averaged)
 
 
+def test_the_warm_ema_follows_a_short_run_where_plain_ema_stays_at_the_start() -> None:
+    import torch
+
+    from training.callbacks import _warm_ema
+
+    plain, warm = torch.zeros(1), torch.zeros(1)
+    for n in range(100):  # 100 updates towards 1.0 with decay 0.999
+        plain = 0.999 * plain + 0.001 * torch.ones(1)
+        warm = _warm_ema(warm, torch.ones(1), torch.tensor(n), decay=0.999)
+    assert plain.item() < 0.1 and warm.item() > 0.9
+
+
+@pytest.mark.parametrize(("callback", "good"), [("training.callbacks.EMA", True),
+                                                 ("pytorch_lightning.callbacks.EMAWeightAveraging", False)])
+def test_a_short_fit_with_the_configs_ema_exports_a_trained_model(tmp_path: Path, callback: str, good: bool) -> None:
+    # the smoke fit is about a hundred steps: far fewer than 1 / (1 - 0.999)
+    root = fit(tmp_path, f"--trainer.callbacks+={callback}", "--export.faithfulness", "0")
+    accuracy = SavedModel.load(root / "model").metadata["metrics"]["test"]["accuracy"]
+    assert (accuracy >= 0.9) == good, accuracy
+
+
 def test_a_run_without_test_data_registers_its_validation_metrics(tmp_path: Path) -> None:
     """`--data.test null` leaves unset entries in the metadata; registration must still work."""
     fit(tmp_path, "--data.test", "null", "--export.register", "true", "--export.name", "han-no-test")
@@ -347,4 +368,4 @@ def test_every_shipped_config_resolves(configs: list[str], capsys: pytest.Captur
     if "small_data" in configs:
         assert "freeze_embeddings: 5" in printed and "max_epochs: 15" in printed
     if configs[0] in ("20newsgroups", "reuters"):
-        assert "EMAWeightAveraging" in printed and "LearningRateMonitor" in printed  # appended, not replacing
+        assert "training.callbacks.EMA" in printed and "LearningRateMonitor" in printed  # appended, not replacing

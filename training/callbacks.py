@@ -7,11 +7,13 @@ log line need is each epoch's totals (seconds, documents/s, words/s), so ``Throu
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import BasePredictionWriter
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter, EMAWeightAveraging
 from pytorch_lightning.utilities import rank_zero_info
 
 from training.report import write_predictions
@@ -57,3 +59,23 @@ class PredictionWriter(BasePredictionWriter):
         path = Path(trainer.default_root_dir) / "predictions" / f"{trainer.datamodule.predict_split}.jsonl"
         write_predictions(path, results)
         rank_zero_info(f"{len(results)} predictions written to {path}")
+
+
+@torch.no_grad()
+def _warm_ema(average: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor, decay: float) -> torch.Tensor:
+    rate = min(decay, (1.0 + float(num_averaged)) / (10.0 + float(num_averaged)))
+    return rate * average + (1.0 - rate) * current
+
+
+class EMA(EMAWeightAveraging):
+    """Lightning's EMA of the weights with a warm-up: after n updates the decay is
+    min(decay, (1 + n) / (10 + n)), as TensorFlow's ExponentialMovingAverage does with num_updates.
+
+    Plain EMA starts from the first weights and forgets them at ``decay`` per step, so a run shorter
+    than about 1 / (1 - decay) steps (a config made for a large corpus, retrained on a few thousand
+    documents) exports mostly its untrained start.
+    """
+
+    def __init__(self, decay: float = 0.999, **kwargs: Any) -> None:
+        super().__init__(decay=decay, **kwargs)
+        self._kwargs["avg_fn"] = partial(_warm_ema, decay=decay)
