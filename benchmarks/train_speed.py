@@ -47,7 +47,7 @@ class PackedHAN(HAN):
         super().__init__(config)
         self.sentence_rnn.forward = self.sentence_rnn._packed_bidirectional  # type: ignore[method-assign]
 
-    def _sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         h = self.word_rnn._packed_bidirectional(self.embedding(words), lengths)
         return self.word_attention(h, _mask(lengths, words.shape[1]))
 

@@ -205,18 +205,18 @@ class HAN(nn.Module):
         if self.training and self.config.word_dropout > 0:
             dropped = torch.rand(words.shape, device=words.device) < self.config.word_dropout
             words = torch.where(dropped & (words != 0), torch.ones_like(words), words)  # 1 = <unk>
-        sentence_vectors, word_weights = self._sentence_vectors(words, sentence_lengths)
-
-        # Sentence vectors grouped per document -> document vectors.
-        max_sentences = int(document_lengths.max())
-        grouped = to_documents(sentence_vectors, document_lengths)
-        g = self.sentence_rnn(grouped, document_lengths)
-        document_vectors, sentence_weights = self.sentence_attention(g, _mask(document_lengths, max_sentences))
-
-        logits = self.head(self.dropout(document_vectors))
+        vectors, word_weights = self.sentence_vectors(words, sentence_lengths)
+        logits, sentence_weights = self.classify(to_documents(vectors, document_lengths), document_lengths)
         return HANOutput(logits, to_documents(word_weights, document_lengths), sentence_weights)
 
-    def _sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def classify(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Sentence vectors grouped per document [docs, max_sentences, 2*word_hidden] -> logits and
+        sentence weights: the document level on its own (word occlusion reruns only this part)."""
+        g = self.sentence_rnn(grouped, document_lengths)
+        document_vectors, sentence_weights = self.sentence_attention(g, _mask(document_lengths, grouped.shape[1]))
+        return self.head(self.dropout(document_vectors)), sentence_weights
+
+    def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Words -> one vector per sentence [sentences, 2*word_hidden] and word weights [sentences, max_words]."""
         if not self.training or not torch.is_grad_enabled():
             h = self.word_rnn(self.embed(words), lengths)

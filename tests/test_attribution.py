@@ -10,6 +10,7 @@ import torch
 from han import Pipeline, SavedModel
 from han.attribution import METHODS, SIGNED, attribute
 from han.batch import collate_flat
+from han.vocab import Vocabulary
 
 TEXTS = ["A wonderful film. The cast is superb! I loved it.", "Awful. Boring plot.", "Superb."]
 
@@ -49,6 +50,34 @@ def test_a_sentences_occlusion_weight_is_the_measured_drop_when_it_is_removed(pi
         without = text[: sentence.start] + text[sentence.end :]
         (result,) = pipeline([without])
         assert sentences[0, s].item() == pytest.approx(full.scores[label] - result.scores[label], abs=1e-5)
+
+
+def test_occlusion_in_a_batch_is_each_variant_run_through_the_whole_network(pipeline: Pipeline) -> None:
+    # Occlusion reruns only what a change touches; here every variant runs whole, one at a time.
+    model, batch = pipeline.model, batch_of(pipeline, TEXTS)
+    _, sentences, words = attribute(model, batch, "occlusion")
+    encoded = [pipeline.encode(s) for s in pipeline.segment(TEXTS)]
+
+    def p(ids: torch.Tensor, lengths: torch.Tensor, label: int) -> float:
+        with torch.inference_mode():
+            return model.probabilities(model(*collate_flat([(ids.numpy(), lengths.numpy())])).logits)[0, label].item()
+
+    for d, (ids, lengths) in enumerate(encoded):
+        ids, lengths = torch.as_tensor(ids), torch.as_tensor(lengths)
+        label = int(attribute(model, batch, "attention")[0][d].argmax())
+        full, starts = p(ids, lengths, label), torch.cumsum(lengths, 0) - lengths
+        for s in range(len(lengths)):
+            keep = torch.arange(len(lengths)) != s
+            if keep.any():
+                kept_ids = torch.cat([ids[starts[j] : starts[j] + lengths[j]] for j in range(len(lengths)) if j != s])
+                without = p(kept_ids, lengths[keep], label)
+            else:  # its only sentence taken out: one unknown word
+                without = p(torch.tensor([Vocabulary.unk_id]), torch.tensor([1]), label)
+            assert sentences[d, s].item() == pytest.approx(full - without, abs=1e-5)
+            for w in range(int(lengths[s])):
+                changed = ids.clone()
+                changed[starts[s] + w] = Vocabulary.unk_id
+                assert words[d, s, w].item() == pytest.approx(full - p(changed, lengths, label), abs=1e-5)
 
 
 def test_integrated_gradients_add_up_to_the_change_from_an_empty_input(pipeline: Pipeline) -> None:
