@@ -154,6 +154,7 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
         "output": args.output,
         "errors_output": errors_path(args.output) if n_errors else None,
         "rows": n_scored + n_errors,
+        "rows_read": n_scored + n_errors,
         "scored": n_scored,
         "errors": n_errors,
         "actors": concurrency,
