@@ -131,7 +131,10 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
         batch_size=args.window,
         batch_format="pyarrow",
         concurrency=concurrency,
-        num_cpus=0.9 * args.threads,
+        # Half a logical CPU per actor (Ray does not cap threads by it): Ray Data's file-listing
+        # and read tasks ask for a whole CPU each, and beside a pool that took every core they
+        # would never be scheduled (the job hangs on 2 cores).
+        num_cpus=0.5,
         max_restarts=-1,
         max_task_retries=-1,
     )
