@@ -141,8 +141,8 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
     try:
         # Materialized once (spilled to disk by Ray's object store when large), then split in two.
         scored = scored.materialize()
-        good = scored.filter(expr="reason is None").drop_columns(["reason"])
-        bad = scored.filter(expr="reason is not None").select_columns(["id", "reason"])
+        good = scored.map_batches(_scored_rows, batch_format="pyarrow", num_cpus=0.1)
+        bad = scored.map_batches(_error_rows, batch_format="pyarrow", num_cpus=0.1)
         getattr(good, writer)(args.output)
         n_errors = bad.count()
         if n_errors:
@@ -164,6 +164,18 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
         "elapsed_s": round(elapsed, 3),
         "docs_per_s": round((n_scored + n_errors) / elapsed, 1) if elapsed else None,
     }
+
+
+def _scored_rows(table: Any) -> Any:
+    import pyarrow.compute as pc
+
+    return table.filter(pc.is_null(table["reason"])).drop_columns(["reason"])
+
+
+def _error_rows(table: Any) -> Any:
+    import pyarrow.compute as pc
+
+    return table.filter(pc.is_valid(table["reason"])).select(["id", "reason"])
 
 
 def errors_path(output: str) -> str:
