@@ -3,9 +3,11 @@ local engine, a kill -9 of a scoring actor mid-job, and one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,30 +90,32 @@ def _actor_pids() -> list[int]:
 
 
 def test_kill_9_of_an_actor_loses_and_duplicates_no_row(tmp_path: Path, tiny_model_dir: Path, local_ray: None) -> None:
+    """han-score joins the test's Ray (--address); once its actors score, one is killed with SIGKILL."""
     n = 4000
     src = _input(tmp_path / "in.parquet", n)
     out = tmp_path / "out.jsonl"
-    result: dict[str, int] = {}
-    job = threading.Thread(target=lambda: result.update(rc=main(
-        [str(src), str(out), "--engine", "ray", "--model", str(tiny_model_dir), "--id-column", "doc_id",
-         "--concurrency", "2", "--window", "50", "--quiet"])))
-    job.start()
+    before = set(_actor_pids())
+    address = ray.get_runtime_context().gcs_address
+    job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(out), "--engine", "ray", "--address",
+                            address, "--model", str(tiny_model_dir), "--id-column", "doc_id", "--concurrency", "2",
+                            "--window", "50", "--quiet"], stderr=subprocess.PIPE, text=True)
     killed = None
-    deadline = time.monotonic() + 60
-    while killed is None and time.monotonic() < deadline and job.is_alive():
-        pids = _actor_pids()
-        if pids:
-            time.sleep(1.0)  # let the actors start scoring: rows are flowing when the kill lands
-            os.kill(pids[0], signal.SIGKILL)
-            killed = pids[0]
+    deadline = time.monotonic() + 90
+    while killed is None and time.monotonic() < deadline and job.poll() is None:
+        pids = [p for p in _actor_pids() if p not in before]
+        if len(pids) == 2:
+            time.sleep(1.5)  # both actors are up and scoring: rows are flowing when the kill lands
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[0], signal.SIGKILL)
+                killed = pids[0]
         time.sleep(0.1)
-    job.join(timeout=240)
+    _, err = job.communicate(timeout=240)
     assert killed is not None, "no scoring actor was found to kill"
-    assert result.get("rc") == 0
+    assert job.returncode == 0, err
     good = _read_folder(out, "json")
     bad = _read_folder(Path(str(out) + ".errors"), "json")
     ids = good.column("id").to_pylist() + bad.column("id").to_pylist()
-    assert sorted(ids) == list(range(n))
+    assert sorted(ids) == list(range(n))  # nothing lost, nothing twice
 
 
 def test_missing_column_and_bad_model_stop_in_one_line(
