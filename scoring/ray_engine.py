@@ -125,7 +125,9 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
     options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words, args.batch_size,
                              threads=args.threads)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    scored = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column]))).map_batches(
+    # Blocks of --window rows: a single file is read as one block, which would keep all but one actor idle.
+    ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
+    scored = ds.repartition(target_num_rows_per_block=args.window).map_batches(
         RayScorer,
         fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column),
         batch_size=args.window,
