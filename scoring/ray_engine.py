@@ -89,7 +89,9 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = not quiet
     ctx.print_on_execution_start = False
-    logging.getLogger("ray").setLevel(logging.ERROR)
+    # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
+    for name in ("ray", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
