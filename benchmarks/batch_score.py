@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/batch_score.py                       # the figures in BENCHMARKS.md
     .venv/bin/python benchmarks/batch_score.py --model han-imdb:latest --rows 25000 --explain-modes off
+    .venv/bin/python benchmarks/batch_score.py --engine ray --rows 25000   # Ray engine vs local, same run
 
 Each configuration runs ``han-score`` as a subprocess, exactly as a user would (Parquet in,
 Parquet out, text column ``text``), and measures:
@@ -244,6 +245,8 @@ def main() -> None:
         help="instead: run another checkout's han-score (e.g. `git worktree add /tmp/prev HEAD~1`) and this one "
         "in turn on the first of --rows, --repeat rounds (explain per the first --explain-modes), with the ratio",
     )
+    parser.add_argument("--engine", choices=["local", "ray"], default="local",
+                        help="ray: the Ray engine against the local one on the first of --rows (benchmarks/engines.py)")
     parser.add_argument("--split-pipeline", nargs=4, help=argparse.SUPPRESS)  # internal: one --designs run
     parser.add_argument("extra", nargs="*", help="extra han-score options after --, e.g. -- --workers 1 --threads 2")
     args = parser.parse_args()
@@ -269,6 +272,13 @@ def main() -> None:
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB; python {sys.version.split()[0]}"
     )
     print(f"data: {args.data} ({total_rows:,} rows); model: {model}; han-score options: {args.extra or '-'}")
+    if args.engine == "ray":
+        sys.path.insert(0, str(REPO))
+        from benchmarks.engines import compare_engines
+
+        with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:
+            compare_engines(measure, args.data, model, args.rows[0], Path(tmp), args.extra)
+        return
     if args.designs:
         with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:
             compare_designs(model, args.data, args.designs, args.repeat, Path(tmp))

@@ -14,6 +14,9 @@ DEFAULTS = {
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # Ray (han-score --engine ray): no usage stats sent, no dashboard metrics exporter.
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_RECORD_ACTOR_TASK_LOGGING": "0",
 }
 
 

@@ -8,6 +8,7 @@
     formats.py   the output columns and the Parquet, JSON Lines and CSV writers
     partial.py   atomic chunk commits, the manifest, --resume, the final merge
     progress.py  the progress bar and the summary
+    ray_engine.py  --engine ray: Ray Data reads, an actor pool calling score.score_batch, part-file output
 
 Imports han and model_store; never the service or the training code.
 """

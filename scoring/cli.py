@@ -126,6 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: the usable cores, here {default_workers()})",
     )
     p.add_argument("--threads", type=_positive, default=1, help="torch threads per scoring process (default: 1)")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine's worker processes (default); ray: Ray Data, locally or on a cluster "
+        "(needs `pip install .[ray]` and --id-column; INPUT may be a folder, a glob or s3://...; "
+        "OUTPUT is a folder of part files)",
+    )
+    p.add_argument("--address", help="--engine ray: the cluster to join (auto, ray://HOST:PORT); default: Ray here")
+    p.add_argument("--concurrency", type=_positive, help="--engine ray: scoring actors (default: the cluster's CPUs)")
+    p.add_argument("--num-cpus", type=_positive, help="--engine ray without --address: CPUs for local Ray")
+    p.add_argument("--input-format", choices=("parquet", "csv", "json"),
+                   help="--engine ray: the input type when INPUT's name does not tell it (a folder)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON to FILE")
     return p
@@ -157,6 +170,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.engine == "ray":
+        return _run_ray(args)
     from scoring import formats, partial, read  # light: their heavy imports are inside functions
 
     # Cheap checks first: no process is started for a job that cannot run.
@@ -288,6 +303,26 @@ def _run_job(
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if not args.quiet:
         print_summary(summary)
+    return 0
+
+
+def _run_ray(args: argparse.Namespace) -> int:
+    """--engine ray: the model is checked here (one line if bad), then Ray Data does the rest."""
+    if args.num_shards != 1 or args.resume or args.chunk_size != 5_000:
+        raise BatchError("--num-shards, --shard-index, --resume and --chunk-size are for --engine local only")
+    try:
+        from scoring import ray_engine
+    except ImportError as e:
+        raise BatchError(f"--engine ray needs Ray Data: pip install '.[ray]' ({e})") from None
+    model_dir, saved = _resolve_model(args.model)
+    try:
+        summary = ray_engine.run(args, model_dir, saved)
+    except ray_engine.RayEngineError as e:
+        raise BatchError(str(e), code=e.code) from None
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if not args.quiet:
+        ray_engine.print_summary(summary)
     return 0
 
 

@@ -131,13 +131,7 @@ class ParquetFormat(OutputFormat):
 
     def __init__(self, spec: OutputSpec) -> None:
         super().__init__(spec)
-        import pyarrow as pa
-
-        span = pa.struct([("text", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight", pa.float64())])
-        types = {"row": pa.int64(), "id": pa.int64() if spec.id_is_int else pa.string(), "label": pa.string(),
-                 "labels": pa.list_(pa.string()), "truncated": pa.bool_(), "method": pa.string(),
-                 "top_sentences": pa.list_(span), "top_words": pa.list_(span)}
-        self.schema = pa.schema([pa.field(name, types.get(name, pa.float64())) for name in spec.columns()])
+        self.schema = arrow_schema(spec)
 
     def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
         import pyarrow as pa
@@ -154,6 +148,17 @@ class ParquetFormat(OutputFormat):
         with pq.ParquetWriter(f, self.schema) as writer:
             for part in parts:  # one chunk in memory at a time
                 writer.write_table(pq.read_table(part, schema=self.schema))
+
+
+def arrow_schema(spec: OutputSpec) -> Any:
+    """The Arrow schema of the output columns (Parquet output, and the Ray engine's batches)."""
+    import pyarrow as pa
+
+    span = pa.struct([("text", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight", pa.float64())])
+    types = {"row": pa.int64(), "id": pa.int64() if spec.id_is_int else pa.string(), "label": pa.string(),
+             "labels": pa.list_(pa.string()), "truncated": pa.bool_(), "method": pa.string(),
+             "top_sentences": pa.list_(span), "top_words": pa.list_(span)}
+    return pa.schema([pa.field(name, types.get(name, pa.float64())) for name in spec.columns()])
 
 
 FORMATS: dict[str, type[OutputFormat]] = {".parquet": ParquetFormat, ".jsonl": JsonLinesFormat, ".csv": CsvFormat}

@@ -70,6 +70,43 @@ def score_texts(pipeline: Pipeline, texts: list[Any], options: ScoringOptions) -
     return out
 
 
+def score_batch(
+    pipeline: Pipeline, batch: Any, spec: Any, options: ScoringOptions, text_column: str, id_column: str | None,
+    row_column: str | None = None,
+) -> Any:
+    """A batch of input rows (an Arrow table or a pandas frame) in, one Arrow table out: the output
+    columns of ``spec`` plus ``reason`` (null for a scored row, the error for a bad one).
+
+    This is ``score_texts`` plus the same ``formats.Chunk`` the local engine commits, so both engines
+    decide labels, scores, explanations and bad rows in one place; the Ray actors call it per batch.
+    ``row_column`` holds the input row index where the engine knows it (else ``row`` is null).
+    """
+    import pyarrow as pa
+
+    from scoring.formats import Chunk, arrow_schema
+
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_pandas(batch, preserve_index=False)
+    texts = table.column(text_column).to_pylist()
+    n = len(texts)
+    ids = table.column(id_column).to_pylist() if id_column else [None] * n
+    rows = table.column(row_column).to_pylist() if row_column else list(range(n))
+    chunk = Chunk(spec)
+    chunk.add(rows, ids, score_texts(pipeline, texts, options))
+    schema = arrow_schema(spec).append(pa.field("reason", pa.string()))
+    data = dict(chunk.columns) or {name: [] for name in spec.columns()}
+    if spec.has_id and not spec.id_is_int:
+        data["id"] = [None if v is None else str(v) for v in data["id"]]
+    data["reason"] = [None] * len(data["row"])
+    for e in chunk.errors:  # bad rows: row, id and reason; every other column null
+        for name in data:
+            data[name].append(e.get(name))
+        if spec.has_id and not spec.id_is_int and e.get("id") is not None:
+            data["id"][-1] = str(e["id"])
+    if not row_column:
+        data["row"] = [None] * len(data["row"])
+    return pa.Table.from_pydict(data, schema=schema)
+
+
 def make_pipeline(model_dir: str, options: ScoringOptions) -> Pipeline:
     from han import Pipeline, SavedModel
 

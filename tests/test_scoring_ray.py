@@ -1,0 +1,134 @@
+"""han-score --engine ray on a real local Ray (2 CPUs, loopback): exactly-once output, parity with the
+local engine, a kill -9 of a scoring actor mid-job, and one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from scoring.cli import main  # noqa: E402
+
+TEXTS = ["A wonderful film. I loved it.", "Dull and far too long.", "Great acting, weak plot.", "Terrible. Avoid."]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from scoring.ray_engine import init_ray
+
+    init_ray(None, 2, quiet=True)
+    yield
+    ray.shutdown()
+
+
+def _input(path: Path, n: int) -> Path:
+    """n rows with ids 0..n-1; every 97th text is missing or empty (bad rows mixed in)."""
+    texts: list[str | None] = []
+    for i in range(n):
+        if i % 97 == 5:
+            texts.append(None if i % 2 else "   ")
+        else:
+            texts.append(f"{TEXTS[i % len(TEXTS)]} Review number {i}.")
+    pq.write_table(pa.table({"doc_id": list(range(n)), "text": texts}), path, row_group_size=500)
+    return path
+
+
+def _read_folder(path: Path, fmt: str = "parquet") -> pa.Table:
+    import pyarrow.dataset as pds
+
+    return pds.dataset(path, format=fmt).to_table() if path.exists() else pa.table({"id": pa.array([], pa.int64())})
+
+
+def test_every_row_once_and_same_as_local_engine(tmp_path: Path, tiny_model_dir: Path, local_ray: None) -> None:
+    n = 3000
+    src = _input(tmp_path / "in.parquet", n)
+    ray_out = tmp_path / "ray.parquet"
+    rc = main([str(src), str(ray_out), "--engine", "ray", "--model", str(tiny_model_dir), "--id-column", "doc_id",
+               "--concurrency", "2", "--window", "200", "--quiet"])
+    assert rc == 0
+    good = _read_folder(ray_out)
+    bad = _read_folder(Path(str(ray_out) + ".errors"), "json")
+    ids = good.column("id").to_pylist() + bad.column("id").to_pylist()
+    assert sorted(ids) == list(range(n))  # every row exactly once across output and errors
+    assert len(bad) == sum(1 for i in range(n) if i % 97 == 5)
+    assert all(bad.column("reason").to_pylist())
+
+    local_out = tmp_path / "local.parquet"
+    assert main([str(src), str(local_out), "--model", str(tiny_model_dir), "--id-column", "doc_id",
+                 "--workers", "1", "--quiet"]) == 0
+    local = pq.read_table(local_out).to_pylist()
+    by_id = {r["id"]: r for r in good.to_pylist()}
+    assert len(by_id) == len(local)
+    for row in local:
+        other = by_id[row["id"]]
+        assert other["label"] == row["label"]
+        for key in row:
+            if key.startswith("score_"):
+                assert abs(other[key] - row[key]) <= 1e-6, (row["id"], key)
+        assert set(other) == set(row) - {"row"}
+
+
+def _actor_pids() -> list[int]:
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "MapWorker" in cmd and "RayScorer" in cmd:
+            pids.append(p.info["pid"])
+    return pids
+
+
+def test_kill_9_of_an_actor_loses_and_duplicates_no_row(tmp_path: Path, tiny_model_dir: Path, local_ray: None) -> None:
+    """han-score joins the test's Ray (--address); once its actors score, one is killed with SIGKILL."""
+    n = 4000
+    src = _input(tmp_path / "in.parquet", n)
+    out = tmp_path / "out.jsonl"
+    before = set(_actor_pids())
+    address = ray.get_runtime_context().gcs_address
+    job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(out), "--engine", "ray", "--address",
+                            address, "--model", str(tiny_model_dir), "--id-column", "doc_id", "--concurrency", "2",
+                            "--window", "50", "--quiet"], stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 90
+    while killed is None and time.monotonic() < deadline and job.poll() is None:
+        pids = [p for p in _actor_pids() if p not in before]
+        if len(pids) == 2:
+            time.sleep(1.5)  # both actors are up and scoring: rows are flowing when the kill lands
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[0], signal.SIGKILL)
+                killed = pids[0]
+        time.sleep(0.1)
+    _, err = job.communicate(timeout=240)
+    assert killed is not None, "no scoring actor was found to kill"
+    assert job.returncode == 0, err
+    good = _read_folder(out, "json")
+    bad = _read_folder(Path(str(out) + ".errors"), "json")
+    ids = good.column("id").to_pylist() + bad.column("id").to_pylist()
+    assert sorted(ids) == list(range(n))  # nothing lost, nothing twice
+
+
+def test_missing_column_and_bad_model_stop_in_one_line(
+    tmp_path: Path, tiny_model_dir: Path, local_ray: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _input(tmp_path / "in.parquet", 10)
+    rc = main([str(src), str(tmp_path / "o.parquet"), "--engine", "ray", "--model", str(tiny_model_dir),
+               "--id-column", "doc_id", "--text-column", "body"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "no column 'body'" in err and len(err.splitlines()) == 1
+    rc = main([str(src), str(tmp_path / "o.parquet"), "--engine", "ray", "--model", str(tmp_path / "nope"),
+               "--id-column", "doc_id"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("han-score: error:") and len(err.splitlines()) == 1
+    rc = main([str(src), str(tmp_path / "o.parquet"), "--engine", "ray", "--model", str(tiny_model_dir)])
+    assert rc == 2 and "--id-column" in capsys.readouterr().err
