@@ -94,11 +94,11 @@ def baseline(name: str, train_path: Path | None = None) -> dict:
     return {"dataset": name, "model": model_name, "metric": metric, "score": score, "train_s": seconds}
 
 
-def han(name: str, run: Path | None, extra: list[str]) -> dict:
+def han(name: str, run: Path | None, extra: list[str], run_dir: Path | None = None) -> dict:
     _, _, multi, config = DATASETS[name]
     seconds = None
     if run is None:
-        run = REPO / "runs" / (f"{config}-few" if "--data.unlabeled" in extra else config)
+        run = run_dir or REPO / "runs" / (f"{config}-few" if "--data.unlabeled" in extra else config)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "training.cli", "fit", "--config", str(REPO / "data" / "configs" / f"{config}.yaml"),
@@ -133,6 +133,7 @@ def main() -> None:
     parser.add_argument("--han-run", type=Path, help="read the HAN's figures from this finished run (one dataset)")
     parser.add_argument("--skip-han", action="store_true", help="baseline only")
     parser.add_argument("--labelled", type=int, help="few labels: train on N labelled documents, the rest unlabelled")
+    parser.add_argument("--run-dir", type=Path, help="train the HAN in this folder (default runs/<config>[-few])")
     parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
     args = parser.parse_args()
     apply_defaults()
@@ -147,7 +148,7 @@ def main() -> None:
                      "--data.unlabeled", str(unlabeled), *extra]
         rows.append(baseline(name, train_path))
         if not args.skip_han:
-            rows.append(han(name, args.han_run, extra))
+            rows.append(han(name, args.han_run, extra, args.run_dir and args.run_dir / name))
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only\n")
     print("| dataset | model | metric | test score | train time (s) |")
     print("| --- | --- | --- | --- | --- |")
