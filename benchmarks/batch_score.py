@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/batch_score.py                       # the figures in BENCHMARKS.md
     .venv/bin/python benchmarks/batch_score.py --model han-imdb:latest --rows 25000 --explain-modes off
-    .venv/bin/python benchmarks/batch_score.py --engine ray --rows 25000   # Ray engine vs local, same run
+    .venv/bin/python benchmarks/batch_score.py --engine ray --rows 25000 --repeat 3   # Ray vs local, in turn
 
 Each configuration runs ``han-score`` as a subprocess, exactly as a user would (Parquet in,
 Parquet out, text column ``text``), and measures:
@@ -277,7 +277,7 @@ def main() -> None:
         from benchmarks.engines import compare_engines
 
         with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:
-            compare_engines(measure, args.data, model, args.rows[0], Path(tmp), args.extra)
+            compare_engines(measure, args.data, model, args.rows[0], Path(tmp), args.extra, args.repeat)
         return
     if args.designs:
         with tempfile.TemporaryDirectory(prefix="han-bench-") as tmp:

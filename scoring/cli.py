@@ -307,18 +307,26 @@ def _run_job(
 
 
 def _run_ray(args: argparse.Namespace) -> int:
-    """--engine ray: the model is checked here (one line if bad), then Ray Data does the rest."""
+    """--engine ray: the model is loaded and checked here (one line if bad) while Ray starts, then
+    Ray Data does the rest."""
     if args.num_shards != 1 or args.resume or args.chunk_size != 5_000:
         raise BatchError("--num-shards, --shard-index, --resume and --chunk-size are for --engine local only")
     try:
         from scoring import ray_engine
     except ImportError as e:
         raise BatchError(f"--engine ray needs Ray Data: pip install '.[ray]' ({e})") from None
-    model_dir, saved = _resolve_model(args.model)
-    try:
-        summary = ray_engine.run(args, model_dir, saved)
-    except ray_engine.RayEngineError as e:
-        raise BatchError(str(e), code=e.code) from None
+    if not args.id_column:
+        raise BatchError("--engine ray needs --id-column: a distributed read has no global row index")
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Loading the model (importing torch and spaCy) and starting Ray (its processes) take seconds
+    # each and overlap: the thread imports while ray.init waits for Ray's processes.
+    with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
+        loading = pool.submit(_resolve_model, args.model)
+        try:
+            summary = ray_engine.run(args, loading.result)
+        except ray_engine.RayEngineError as e:
+            raise BatchError(str(e), code=e.code) from None
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if not args.quiet:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scoring.score import ScoringOptions
@@ -33,23 +35,56 @@ class RayEngineError(Exception):
 
 
 class RayScorer:
-    """One actor of the pool: loads the model once, then scores batches with ``score_batch``."""
+    """One actor of the pool: loads the model once, then scores batches with ``score_batch``.
 
-    def __init__(self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str) -> None:
+    It returns the scored rows and writes a batch's bad rows itself, as one JSON Lines file in the
+    errors folder named after the batch's ids: the whole job is then one streaming pass (read, score,
+    write), and a batch that Ray retries after its actor died rewrites the same file, never a second.
+    Its settings are class attributes (``scorer_class``), not constructor arguments: Ray keeps those
+    in the object store, which it warns makes an actor's restart fragile.
+    """
+
+    settings: tuple[str, Any, ScoringOptions, str, str, str] | None = None
+
+    def __init__(self) -> None:
         from han.environment import apply_defaults
         from scoring.score import make_pipeline, tune_process
 
+        assert self.settings is not None, "use scorer_class()"
+        model_dir, self.spec, self.options, self.text_column, self.id_column, self.errors = self.settings
         apply_defaults()
-        tune_process(options.threads)
-        self.pipeline = make_pipeline(model_dir, options)
-        self.spec, self.options = spec, options
-        self.text_column, self.id_column = text_column, id_column
+        tune_process(self.options.threads)
+        self.pipeline = make_pipeline(model_dir, self.options)
 
     def __call__(self, batch: Any) -> Any:
+        import pyarrow.compute as pc
+
         from scoring.score import score_batch
 
         table = score_batch(self.pipeline, batch, self.spec, self.options, self.text_column, self.id_column)
-        return table.drop_columns(["row"])
+        bad = pc.is_valid(table["reason"])
+        if pc.any(bad).as_py():
+            self._write_errors(table.filter(bad).select(["id", "reason"]).to_pylist())
+            table = table.filter(pc.invert(bad))
+        return table.drop_columns(["row", "reason"])
+
+    def _write_errors(self, rows: list[dict[str, Any]]) -> None:
+        import hashlib
+        import json
+
+        import pyarrow.fs as pafs
+
+        fs, folder = pafs.FileSystem.from_uri(_uri(self.errors))
+        fs.create_dir(folder, recursive=True)
+        digest = hashlib.sha1(json.dumps([r["id"] for r in rows]).encode()).hexdigest()[:20]
+        with fs.open_output_stream(f"{folder}/errors-{digest}.jsonl") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+
+
+def scorer_class(model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str,
+                 errors: str) -> type[RayScorer]:
+    """A ``RayScorer`` subclass carrying this job's settings (pickled with the class by Ray)."""
+    return type("RayScorer", (RayScorer,), {"settings": (model_dir, spec, options, text_column, id_column, errors)})
 
 
 def input_format(path: str, fmt: str | None) -> str:
@@ -78,6 +113,9 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
     apply_defaults()
     if ray.is_initialized():
         return
+    # The driver's own core worker logs errors to the terminal, among them one that Ray Data's actor
+    # pools trigger on every run (ray-project/ray#53727: constructor arguments in the object store).
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
     if address:
         kwargs["address"] = address
@@ -91,27 +129,37 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
     ctx.print_on_execution_start = False
     # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
     for name in ("ray", "ray.data"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.ERROR if quiet else logging.WARNING)
+    # Its advice that the Parquet reader might want a memory reservation, every 30 s, is for clusters
+    # short of memory; the summary is what a user needs to see.
+    ctx.issue_detectors_config.high_memory_detector_config.detection_time_interval_s = -1
 
 
-def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
-    """Score ``args.input`` into ``args.output`` (a folder of part files) and ``OUTPUT.errors``; the summary."""
+def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[str, Any]:
+    """Score ``args.input`` into ``args.output`` (a folder of part files) and ``OUTPUT.errors``; the summary.
+
+    ``model`` returns the model directory and the loaded ``SavedModel`` (it is loading while Ray starts).
+    """
     import ray.data
 
     from scoring.formats import OutputSpec
 
     started = time.monotonic()
-    if not args.id_column:
-        raise RayEngineError("--engine ray needs --id-column: a distributed read has no global row index")
     fmt = input_format(args.input, getattr(args, "input_format", None))
     writer = output_writer(args.output)
+    if _exists(args.output) or _exists(errors_path(args.output)):
+        if not args.overwrite:
+            raise RayEngineError(f"{args.output} already exists; pass --overwrite to replace it")
+        for path in (args.output, errors_path(args.output)):
+            _remove(path)
     init_ray(args.address, args.num_cpus, args.quiet)
+    model_dir, saved = model()
     try:
         read = getattr(ray.data, f"read_{fmt}")
         # Reads take a tenth of a CPU: the actors hold the rest, and a read that waited for a whole
         # CPU would never run on a machine whose every core holds an actor (the job would hang).
         extra: dict[str, Any] = {"file_extensions": None} if fmt == "json" else {}
-        ds = read(args.input, ray_remote_args={"num_cpus": 0.1}, **extra)
+        ds = read(args.input, num_cpus=0.1, **extra)
         schema = ds.schema()
     except Exception as e:
         raise RayEngineError(f"cannot read {args.input}: {_one_line(e)}") from None
@@ -127,31 +175,25 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
     options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words, args.batch_size,
                              threads=args.threads)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    scorer = scorer_class(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output))
     # Blocks of --window rows: a single file is read as one block, which would keep all but one actor idle.
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
     scored = ds.repartition(target_num_rows_per_block=args.window).map_batches(
-        RayScorer,
-        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column),
+        scorer,
         batch_size=args.window,
         batch_format="pyarrow",
-        concurrency=concurrency,
+        compute=ray.data.ActorPoolStrategy(size=concurrency),
         # Half a logical CPU per actor (Ray does not cap threads by it): Ray Data's file-listing
         # and read tasks ask for a whole CPU each, and beside a pool that took every core they
         # would never be scheduled (the job hangs on 2 cores).
+        # Ray Data restarts a dead actor and retries its batch (max_restarts, max_task_retries: -1).
         num_cpus=0.5,
-        max_restarts=-1,
-        max_task_retries=-1,
     )
     try:
-        # Materialized once (spilled to disk by Ray's object store when large), then split in two.
-        scored = scored.materialize()
-        good = scored.map_batches(_scored_rows, batch_format="pyarrow", num_cpus=0.1)
-        bad = scored.map_batches(_error_rows, batch_format="pyarrow", num_cpus=0.1)
-        getattr(good, writer)(args.output)
-        n_errors = bad.count()
-        if n_errors:
-            bad.write_json(errors_path(args.output))
-        n_scored = good.count()
+        # One streaming pass: blocks are read, scored and written as they come, none held.
+        getattr(scored, writer)(args.output, ray_remote_args={"num_cpus": 0.1})
+        n_errors = _count_rows(errors_path(args.output), "json")
+        n_scored = _count_rows(args.output, writer.removeprefix("write_"))
     except Exception as e:
         raise RayEngineError(f"the Ray job failed: {_one_line(e)}", code=1) from None
     elapsed = time.monotonic() - started
@@ -170,16 +212,40 @@ def run(args: argparse.Namespace, model_dir: str, saved: Any) -> dict[str, Any]:
     }
 
 
-def _scored_rows(table: Any) -> Any:
-    import pyarrow.compute as pc
+def _uri(path: str) -> str:
+    """``pyarrow.fs.FileSystem.from_uri`` wants a URI or an absolute local path."""
+    import os
 
-    return table.filter(pc.is_null(table["reason"])).drop_columns(["reason"])
+    return path if "://" in path else os.path.abspath(path)
 
 
-def _error_rows(table: Any) -> Any:
-    import pyarrow.compute as pc
+def _exists(path: str) -> bool:
+    import pyarrow.fs as pafs
 
-    return table.filter(pc.is_valid(table["reason"])).select(["id", "reason"])
+    fs, p = pafs.FileSystem.from_uri(_uri(path))
+    return fs.get_file_info(p).type != pafs.FileType.NotFound
+
+
+def _remove(path: str) -> None:
+    import pyarrow.fs as pafs
+
+    fs, p = pafs.FileSystem.from_uri(_uri(path))
+    info = fs.get_file_info(p)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(p)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(p)
+
+
+def _count_rows(path: str, fmt: str) -> int:
+    """Rows written to a folder of part files (Parquet: from the footers); 0 if there is none."""
+    import pyarrow.dataset as pds
+    import pyarrow.fs as pafs
+
+    if not _exists(path):
+        return 0
+    fs, p = pafs.FileSystem.from_uri(_uri(path))
+    return pds.dataset(p, format=fmt, filesystem=fs).count_rows()
 
 
 def errors_path(output: str) -> str:

@@ -132,3 +132,10 @@ def test_missing_column_and_bad_model_stop_in_one_line(
     assert rc == 2 and err.startswith("han-score: error:") and len(err.splitlines()) == 1
     rc = main([str(src), str(tmp_path / "o.parquet"), "--engine", "ray", "--model", str(tiny_model_dir)])
     assert rc == 2 and "--id-column" in capsys.readouterr().err
+    (tmp_path / "done.parquet").mkdir()  # an earlier run's output is never appended to or lost silently
+    (tmp_path / "done.parquet" / "part-0.parquet").write_bytes(b"earlier")
+    rc = main([str(src), str(tmp_path / "done.parquet"), "--engine", "ray", "--model", str(tiny_model_dir),
+               "--id-column", "doc_id"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "already exists" in err and "--overwrite" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "done.parquet" / "part-0.parquet").read_bytes() == b"earlier"
