@@ -62,3 +62,35 @@ def test_validation_is_carved_from_train_stratified_and_seeded(tmp_path) -> None
     assert len(val) == 8 and val.count(0) == val.count(1) == 4, "stratified: both classes equally held out"
     assert len(train) == 24
     assert split(1) == (train, val)
+
+
+def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, monkeypatch) -> None:
+    """6,000 rows: two tokenising processes give the same documents in the same order as one, and a
+    bad row is named by its row in the file, not in a process's share."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import training.data as data
+
+    words = ["good", "bad", "plot", "acting", "film", "slow", "great", "boring"]
+    rng = random.Random(1)
+    texts = [f"{' '.join(rng.choices(words, k=6))}. {' '.join(rng.choices(words, k=4))}!" for _ in range(6000)]
+    texts[17] = "   "  # no words: dropped, in both
+    labels = ["pos" if "good" in t else "neg" for t in texts]
+    pq.write_table(pa.table({"text": texts, "label": labels}), tmp_path / "train.parquet")
+    source = str(tmp_path / "train.parquet")
+    real = data._tokenising_processes
+    assert real(500) is None  # a small split stays in this process
+    got = {}
+    for processes in (None, 2):
+        monkeypatch.setattr(data, "_tokenising_processes", lambda rows, p=processes: p)
+        module = HANDataModule(train=source, test=None, cache_dir=str(tmp_path / f"cache-{processes}"))
+        ds = module._tokenised("train", source, None)
+        got[processes] = (ds["text"], ds["keys"], ds["target"])
+    assert len(got[None][0]) == 5999 and got[None] == got[2]
+
+    texts[4321] = None
+    pq.write_table(pa.table({"text": texts, "label": labels}), tmp_path / "bad.parquet")
+    module = HANDataModule(train=str(tmp_path / "bad.parquet"), test=None, cache_dir=str(tmp_path / "cache-bad"))
+    with pytest.raises(DataError, match=r"row 4321: the text is NoneType, not a string"):
+        module._tokenised("train", str(tmp_path / "bad.parquet"), None)

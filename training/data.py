@@ -294,26 +294,12 @@ class HANDataModule(pl.LightningDataModule):
         self.cache_keys[split] = key
         cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
         cache.parent.mkdir(parents=True, exist_ok=True)
-        segmenter = Segmenter(self.segmenter_config)
-        text_column, label_column = hp.text_column, hp.label_column
-
-        def tokenise(batch: dict[str, list]) -> dict[str, list]:
-            kept, keys, targets = [], [], []
-            texts = batch[text_column]
-            for i, text in enumerate(texts):
-                if not isinstance(text, str):
-                    raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
-            labels = batch[label_column] if labelled else [None] * len(texts)
-            for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
-                if segment.is_empty:
-                    continue  # nothing to learn from
-                kept.append(segment.text)
-                keys.append(segment.token_keys)
-                targets.append(self._label_strings(label, split, source) if labelled else [])
-            return {"text": kept, "keys": keys, "target": targets}
-
         result = raw.map(
-            tokenise, batched=True, batch_size=1000, remove_columns=raw.column_names,
+            _tokenise, batched=True, batch_size=1000, with_indices=True, remove_columns=raw.column_names,
+            fn_kwargs={"split": split, "source": source, "text_column": hp.text_column,
+                       "label_column": hp.label_column if labelled else None, "multi_label": self.multi_label,
+                       "config": self.segmenter_config},
+            num_proc=_tokenising_processes(len(raw)),
             cache_file_name=str(cache), load_from_cache_file=True, new_fingerprint=key, desc=f"Tokenising {split}",
         )
         if len(result) == 0:
@@ -333,17 +319,6 @@ class HANDataModule(pl.LightningDataModule):
         payload = [identity, limit, hp.text_column, hp.label_column, hp.multi_label,
                    self.segmenter_config.to_dict(), TOKENISER_VERSION]
         return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()[:16]
-
-    def _label_strings(self, label: Any, split: str, source: str) -> list[str]:
-        if self.multi_label:
-            if not isinstance(label, (list, tuple)):
-                raise DataError(
-                    f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list"
-                )
-            return [str(x) for x in label]
-        if label is None or isinstance(label, (list, tuple, dict)):
-            raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
-        return [str(label)]
 
     def _collect_labels(self, train: datasets.Dataset) -> list[str]:
         seen = {label for target in train["target"] for label in target}
@@ -387,3 +362,48 @@ class HANDataModule(pl.LightningDataModule):
                     targets[row] = index[target[0]]
                 row += 1
         return EncodedDocuments(documents, targets)
+
+
+def _tokenising_processes(rows: int) -> int | None:
+    """All usable cores for a large split (tokenising is a third of a first fit on one core), one
+    process for a small one, which forking would only slow down."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = min(cores, rows // 2000)
+    return processes if processes > 1 else None
+
+
+_segmenters: dict[SegmenterConfig, Segmenter] = {}  # one per process (tokenising workers included)
+
+
+def _tokenise(
+    batch: dict[str, list], indices: list[int], *, split: str, source: str, text_column: str,
+    label_column: str | None, multi_label: bool, config: SegmenterConfig,
+) -> dict[str, list]:
+    """One batch of a split: texts segmented into token keys, labels into lists of strings; documents
+    with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
+    texts = batch[text_column]
+    for i, text in zip(indices, texts, strict=True):
+        if not isinstance(text, str):
+            raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
+    segmenter = _segmenters.get(config) or _segmenters.setdefault(config, Segmenter(config))
+    labels = batch[label_column] if label_column else [None] * len(texts)
+    kept, keys, targets = [], [], []
+    for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
+        if segment.is_empty:
+            continue
+        kept.append(segment.text)
+        keys.append(segment.token_keys)
+        targets.append(_label_strings(label, multi_label, split, source) if label_column else [])
+    return {"text": kept, "keys": keys, "target": targets}
+
+
+def _label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
+    if multi_label:
+        if not isinstance(label, (list, tuple)):
+            raise DataError(f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list")
+        return [str(x) for x in label]
+    if label is None or isinstance(label, (list, tuple, dict)):
+        raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
+    return [str(label)]
