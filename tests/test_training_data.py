@@ -70,7 +70,7 @@ def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, mo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import training.data as data
+    from training import tokenise
 
     words = ["good", "bad", "plot", "acting", "film", "slow", "great", "boring"]
     rng = random.Random(1)
@@ -79,11 +79,11 @@ def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, mo
     labels = ["pos" if "good" in t else "neg" for t in texts]
     pq.write_table(pa.table({"text": texts, "label": labels}), tmp_path / "train.parquet")
     source = str(tmp_path / "train.parquet")
-    real = data._tokenising_processes
+    real = tokenise.processes
     assert real(500) is None  # a small split stays in this process
     got = {}
     for processes in (None, 2):
-        monkeypatch.setattr(data, "_tokenising_processes", lambda rows, p=processes: p)
+        monkeypatch.setattr(tokenise, "processes", lambda rows, p=processes: p)
         module = HANDataModule(train=source, test=None, cache_dir=str(tmp_path / f"cache-{processes}"))
         ds = module._tokenised("train", source, None)
         got[processes] = (ds["text"], ds["keys"], ds["target"])

@@ -19,8 +19,9 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from han.batch import Batch, collate_flat
-from han.segment import Segmenter, SegmenterConfig
+from han.segment import SegmenterConfig
 from han.vocab import Vocabulary
+from training import tokenise
 from training.sources import DataError, load_source
 
 TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
@@ -295,11 +296,11 @@ class HANDataModule(pl.LightningDataModule):
         cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
         cache.parent.mkdir(parents=True, exist_ok=True)
         result = raw.map(
-            _tokenise, batched=True, batch_size=1000, with_indices=True, remove_columns=raw.column_names,
+            tokenise.tokenise_batch, batched=True, batch_size=1000, with_indices=True, remove_columns=raw.column_names,
             fn_kwargs={"split": split, "source": source, "text_column": hp.text_column,
                        "label_column": hp.label_column if labelled else None, "multi_label": self.multi_label,
                        "config": self.segmenter_config},
-            num_proc=_tokenising_processes(len(raw)),
+            num_proc=tokenise.processes(len(raw)),
             cache_file_name=str(cache), load_from_cache_file=True, new_fingerprint=key, desc=f"Tokenising {split}",
         )
         if len(result) == 0:
@@ -362,48 +363,3 @@ class HANDataModule(pl.LightningDataModule):
                     targets[row] = index[target[0]]
                 row += 1
         return EncodedDocuments(documents, targets)
-
-
-def _tokenising_processes(rows: int) -> int | None:
-    """All usable cores for a large split (tokenising is a third of a first fit on one core), one
-    process for a small one, which forking would only slow down."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    processes = min(cores, rows // 2000)
-    return processes if processes > 1 else None
-
-
-_segmenters: dict[SegmenterConfig, Segmenter] = {}  # one per process (tokenising workers included)
-
-
-def _tokenise(
-    batch: dict[str, list], indices: list[int], *, split: str, source: str, text_column: str,
-    label_column: str | None, multi_label: bool, config: SegmenterConfig,
-) -> dict[str, list]:
-    """One batch of a split: texts segmented into token keys, labels into lists of strings; documents
-    with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
-    texts = batch[text_column]
-    for i, text in zip(indices, texts, strict=True):
-        if not isinstance(text, str):
-            raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
-    segmenter = _segmenters.get(config) or _segmenters.setdefault(config, Segmenter(config))
-    labels = batch[label_column] if label_column else [None] * len(texts)
-    kept, keys, targets = [], [], []
-    for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
-        if segment.is_empty:
-            continue
-        kept.append(segment.text)
-        keys.append(segment.token_keys)
-        targets.append(_label_strings(label, multi_label, split, source) if label_column else [])
-    return {"text": kept, "keys": keys, "target": targets}
-
-
-def _label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
-    if multi_label:
-        if not isinstance(label, (list, tuple)):
-            raise DataError(f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list")
-        return [str(x) for x in label]
-    if label is None or isinstance(label, (list, tuple, dict)):
-        raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
-    return [str(label)]

@@ -1,0 +1,54 @@
+"""Tokenising a split for training: segmentation into token keys and label strings, batch by batch,
+in as many processes as the split is worth (``datasets.map`` runs these module-level functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from han.segment import Segmenter, SegmenterConfig
+from training.sources import DataError
+
+
+def processes(rows: int) -> int | None:
+    """All usable cores for a large split (IMDB train: about 30 s on one core), one
+    process for a small one, which forking would only slow down."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = min(cores, rows // 2000)
+    return processes if processes > 1 else None
+
+
+_segmenters: dict[SegmenterConfig, Segmenter] = {}  # one per process (tokenising workers included)
+
+
+def tokenise_batch(
+    batch: dict[str, list], indices: list[int], *, split: str, source: str, text_column: str,
+    label_column: str | None, multi_label: bool, config: SegmenterConfig,
+) -> dict[str, list]:
+    """One batch of a split: texts segmented into token keys, labels into lists of strings; documents
+    with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
+    texts = batch[text_column]
+    for i, text in zip(indices, texts, strict=True):
+        if not isinstance(text, str):
+            raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
+    segmenter = _segmenters.get(config) or _segmenters.setdefault(config, Segmenter(config))
+    labels = batch[label_column] if label_column else [None] * len(texts)
+    kept, keys, targets = [], [], []
+    for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
+        if segment.is_empty:
+            continue
+        kept.append(segment.text)
+        keys.append(segment.token_keys)
+        targets.append(_label_strings(label, multi_label, split, source) if label_column else [])
+    return {"text": kept, "keys": keys, "target": targets}
+
+
+def _label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
+    if multi_label:
+        if not isinstance(label, (list, tuple)):
+            raise DataError(f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list")
+        return [str(x) for x in label]
+    if label is None or isinstance(label, (list, tuple, dict)):
+        raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
+    return [str(label)]
