@@ -23,8 +23,15 @@ _segmenters: dict[SegmenterConfig, Segmenter] = {}  # one per process (tokenisin
 
 
 def tokenise_batch(
-    batch: dict[str, list], indices: list[int], *, split: str, source: str, text_column: str,
-    label_column: str | None, multi_label: bool, config: SegmenterConfig,
+    batch: dict[str, list],
+    indices: list[int],
+    *,
+    split: str,
+    source: str,
+    text_column: str,
+    label_column: str | None,
+    multi_label: bool,
+    config: SegmenterConfig,
 ) -> dict[str, list]:
     """One batch of a split: texts segmented into token keys, labels into lists of strings; documents
     with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
