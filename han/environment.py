@@ -26,3 +26,11 @@ def apply_defaults(env: dict[str, str] | None = None) -> dict[str, str]:
     for key, value in DEFAULTS.items():
         target.setdefault(key, value)
     return target  # type: ignore[return-value]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under ``taskset`` or a container)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

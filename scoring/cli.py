@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
@@ -61,11 +60,9 @@ def _non_negative(value: str) -> int:
 
 
 def default_workers() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 16))
+    from han.environment import usable_cores
+
+    return max(1, min(usable_cores(), 16))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,6 +314,10 @@ def _run_ray(args: argparse.Namespace) -> int:
         raise BatchError(f"--engine ray needs Ray Data: pip install '.[ray]' ({e})") from None
     if not args.id_column:
         raise BatchError("--engine ray needs --id-column: a distributed read has no global row index")
+    try:
+        ray_engine.check_paths(args)
+    except ray_engine.RayEngineError as e:
+        raise BatchError(str(e), code=e.code) from None
     from concurrent.futures import ThreadPoolExecutor
 
     # Loading the model (importing torch and spaCy) and starting Ray (its processes) take seconds

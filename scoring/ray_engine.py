@@ -40,21 +40,19 @@ class RayScorer:
     It returns the scored rows and writes a batch's bad rows itself, as one JSON Lines file in the
     errors folder named after the batch's ids: the whole job is then one streaming pass (read, score,
     write), and a batch that Ray retries after its actor died rewrites the same file, never a second.
-    Its settings are class attributes (``scorer_class``), not constructor arguments: Ray keeps those
-    in the object store, which it warns makes an actor's restart fragile.
     """
 
-    settings: tuple[str, Any, ScoringOptions, str, str, str] | None = None
-
-    def __init__(self) -> None:
+    def __init__(
+        self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str
+    ) -> None:
         from han.environment import apply_defaults
         from scoring.score import make_pipeline, tune_process
 
-        assert self.settings is not None, "use scorer_class()"
-        model_dir, self.spec, self.options, self.text_column, self.id_column, self.errors = self.settings
         apply_defaults()
-        tune_process(self.options.threads)
-        self.pipeline = make_pipeline(model_dir, self.options)
+        tune_process(options.threads)
+        self.pipeline = make_pipeline(model_dir, options)
+        self.spec, self.options = spec, options
+        self.text_column, self.id_column, self.errors = text_column, id_column, errors
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow.compute as pc
@@ -72,19 +70,11 @@ class RayScorer:
         import hashlib
         import json
 
-        import pyarrow.fs as pafs
-
-        fs, folder = pafs.FileSystem.from_uri(_uri(self.errors))
+        fs, folder = _filesystem(self.errors)
         fs.create_dir(folder, recursive=True)
         digest = hashlib.sha1(json.dumps([r["id"] for r in rows]).encode()).hexdigest()[:20]
         with fs.open_output_stream(f"{folder}/errors-{digest}.jsonl") as f:
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
-
-
-def scorer_class(model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str,
-                 errors: str) -> type[RayScorer]:
-    """A ``RayScorer`` subclass carrying this job's settings (pickled with the class by Ray)."""
-    return type("RayScorer", (RayScorer,), {"settings": (model_dir, spec, options, text_column, id_column, errors)})
 
 
 def input_format(path: str, fmt: str | None) -> str:
@@ -102,6 +92,15 @@ def output_writer(path: str) -> str:
         if path.lower().rstrip("/").endswith(suffix):
             return name
     raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(WRITERS)})")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """The input and output types known, and no earlier output in the way unless ``--overwrite``:
+    checked before anything slow starts."""
+    input_format(args.input, getattr(args, "input_format", None))
+    output_writer(args.output)
+    if not args.overwrite and (_exists(args.output) or _exists(errors_path(args.output))):
+        raise RayEngineError(f"{args.output} already exists; pass --overwrite to replace it")
 
 
 def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
@@ -138,7 +137,8 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
 def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[str, Any]:
     """Score ``args.input`` into ``args.output`` (a folder of part files) and ``OUTPUT.errors``; the summary.
 
-    ``model`` returns the model directory and the loaded ``SavedModel`` (it is loading while Ray starts).
+    ``model`` returns the model directory and the loaded ``SavedModel`` (it is loading while Ray starts);
+    the caller has run ``check_paths``.
     """
     import ray.data
 
@@ -147,11 +147,6 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     started = time.monotonic()
     fmt = input_format(args.input, getattr(args, "input_format", None))
     writer = output_writer(args.output)
-    if _exists(args.output) or _exists(errors_path(args.output)):
-        if not args.overwrite:
-            raise RayEngineError(f"{args.output} already exists; pass --overwrite to replace it")
-        for path in (args.output, errors_path(args.output)):
-            _remove(path)
     init_ray(args.address, args.num_cpus, args.quiet)
     model_dir, saved = model()
     try:
@@ -175,11 +170,11 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words, args.batch_size,
                              threads=args.threads)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    scorer = scorer_class(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output))
     # Blocks of --window rows: a single file is read as one block, which would keep all but one actor idle.
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
     scored = ds.repartition(target_num_rows_per_block=args.window).map_batches(
-        scorer,
+        RayScorer,
+        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output)),
         batch_size=args.window,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=concurrency),
@@ -189,6 +184,8 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
         # Ray Data restarts a dead actor and retries its batch (max_restarts, max_task_retries: -1).
         num_cpus=0.5,
     )
+    for path in (args.output, errors_path(args.output)):  # --overwrite: only now that the job can start
+        _remove(path)
     try:
         # One streaming pass: blocks are read, scored and written as they come, none held.
         getattr(scored, writer)(args.output, ray_remote_args={"num_cpus": 0.1})
@@ -212,39 +209,38 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     }
 
 
-def _uri(path: str) -> str:
-    """``pyarrow.fs.FileSystem.from_uri`` wants a URI or an absolute local path."""
-    import os
+def _filesystem(path: str) -> tuple[Any, str]:
+    """The pyarrow filesystem and the path on it, for a local path or a URI such as ``s3://``."""
+    import pyarrow.fs as pafs
 
-    return path if "://" in path else os.path.abspath(path)
+    return pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
 
 
 def _exists(path: str) -> bool:
     import pyarrow.fs as pafs
 
-    fs, p = pafs.FileSystem.from_uri(_uri(path))
+    fs, p = _filesystem(path)
     return fs.get_file_info(p).type != pafs.FileType.NotFound
 
 
 def _remove(path: str) -> None:
     import pyarrow.fs as pafs
 
-    fs, p = pafs.FileSystem.from_uri(_uri(path))
-    info = fs.get_file_info(p)
-    if info.type == pafs.FileType.Directory:
+    fs, p = _filesystem(path)
+    kind = fs.get_file_info(p).type
+    if kind == pafs.FileType.Directory:
         fs.delete_dir(p)
-    elif info.type == pafs.FileType.File:
+    elif kind == pafs.FileType.File:
         fs.delete_file(p)
 
 
 def _count_rows(path: str, fmt: str) -> int:
     """Rows written to a folder of part files (Parquet: from the footers); 0 if there is none."""
     import pyarrow.dataset as pds
-    import pyarrow.fs as pafs
 
     if not _exists(path):
         return 0
-    fs, p = pafs.FileSystem.from_uri(_uri(path))
+    fs, p = _filesystem(path)
     return pds.dataset(p, format=fmt, filesystem=fs).count_rows()
 
 

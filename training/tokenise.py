@@ -3,8 +3,10 @@ in as many processes as the split is worth (``datasets.map`` runs these module-l
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+from han.environment import usable_cores
 from han.segment import Segmenter, SegmenterConfig
 from training.sources import DataError
 
@@ -12,14 +14,14 @@ from training.sources import DataError
 def processes(rows: int) -> int | None:
     """All usable cores for a large split (IMDB train: about 30 s on one core), one
     process for a small one, which forking would only slow down."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    processes = min(cores, rows // 2000)
-    return processes if processes > 1 else None
+    n = min(usable_cores(), rows // 2000)
+    return n if n > 1 else None
 
 
-_segmenters: dict[SegmenterConfig, Segmenter] = {}  # one per process (tokenising workers included)
+@cache
+def _segmenter(config: SegmenterConfig) -> Segmenter:
+    """One per process and configuration (tokenising workers build theirs on their first batch)."""
+    return Segmenter(config)
 
 
 def tokenise_batch(
@@ -39,10 +41,9 @@ def tokenise_batch(
     for i, text in zip(indices, texts, strict=True):
         if not isinstance(text, str):
             raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
-    segmenter = _segmenters.get(config) or _segmenters.setdefault(config, Segmenter(config))
     labels = batch[label_column] if label_column else [None] * len(texts)
     kept, keys, targets = [], [], []
-    for segment, label in zip(segmenter.segment_many(texts), labels, strict=True):
+    for segment, label in zip(_segmenter(config).segment_many(texts), labels, strict=True):
         if segment.is_empty:
             continue
         kept.append(segment.text)
