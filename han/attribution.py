@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from han.batch import Batch
-from han.model import HAN, to_documents
+from han.model import HAN, _mask, to_documents
 from han.vocab import Vocabulary
 
 METHODS = ("attention", "attention_gradient", "integrated_gradients", "occlusion")
@@ -85,7 +85,10 @@ def integrated_gradients(
     with torch.inference_mode():
         logits = model(*batch).logits
     target = logits.argmax(-1) if target is None else target
-    embedded = model.embed(batch.words).detach()  # the word encoder's input: embeddings (+ NB features)
+    # The word encoder's input, embeddings (+ NB features), of the real words only: outside training
+    # the encoder reads them flat, one sentence after another (han.model.BiGRU.forward).
+    real = _mask(batch.sentence_lengths, batch.words.shape[1])
+    embedded = model.embed(batch.words[real]).detach()
     total = torch.zeros_like(embedded)
     points, weights = np.polynomial.legendre.leggauss(steps)  # Gauss-Legendre on [0, 1], as Captum does
     scale = 1.0
@@ -108,7 +111,8 @@ def integrated_gradients(
             total += float(weight) * grad
     finally:
         handle.remove()
-    per_word = (embedded * total).sum(-1)  # [sentences, max_words]; padding embeds to 0
+    per_word = torch.zeros(batch.words.shape, dtype=total.dtype)  # [sentences, max_words]; 0 on padding
+    per_word[real] = (embedded * total).sum(-1)
     word_scores = to_documents(per_word, batch.document_lengths)
     return logits, word_scores.sum(-1), word_scores
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 
 @dataclass
@@ -65,13 +65,19 @@ class Attention(nn.Module):
         self.context = nn.Parameter(torch.empty(attention_dim).uniform_(-0.1, 0.1))
 
     def forward(self, h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """h [rows, steps, dim], mask [rows, steps] (True = real) -> ([rows, dim], weights [rows, steps])."""
+        """h [rows, steps, dim], or flat [real positions, dim] (each row's real positions, one row after
+        another: see ``BiGRU``); mask [rows, steps] (True = real) -> ([rows, dim], weights [rows, steps])."""
         # Score real positions only: padding can be most of a batch of sentences (its longest one
         # sets the width), and tanh(proj(h)) on it would be wasted work.
+        flat = h if h.dim() == 2 else h[mask]
         scores = h.new_full(mask.shape, float("-inf"))
-        scores[mask] = torch.tanh(self.proj(h[mask])) @ self.context
+        scores[mask] = torch.tanh(self.proj(flat)) @ self.context
         weights = torch.softmax(scores, dim=-1)
-        return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
+        if h.dim() == 3:
+            return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
+        rows = mask.nonzero()[:, 0]
+        pooled = h.new_zeros(mask.shape[0], h.shape[1]).index_add(0, rows, weights[mask].unsqueeze(1) * flat)
+        return pooled, weights
 
 
 def _reverse_within(lengths: Tensor, steps: int) -> Tensor:
@@ -141,10 +147,19 @@ class BiGRU(nn.Module):
         self.backward_rnn = nn.GRU(input_dim, hidden, batch_first=True)
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
-        """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length."""
+        """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length.
+
+        Outside training ``x`` may also be flat, [real positions, input_dim]: each row's first
+        ``length`` positions, one row after another; the output is then flat in the same order.
+        """
         steps = x.shape[1]
         if not self.training or not torch.is_grad_enabled():
-            return self._packed_bidirectional(x, lengths)
+            if x.dim() == 2:
+                return self._packed_flat(x, lengths)
+            mask = _mask(lengths, steps)
+            out = x.new_zeros(*mask.shape, 2 * self.forward_rnn.hidden_size)
+            out[mask] = self._packed_flat(x[mask], lengths)
+            return out
         restore, blocks = length_blocks(lengths)
         outputs = []
         for block in blocks:
@@ -165,9 +180,10 @@ class BiGRU(nn.Module):
         backward = _gather_steps(self.backward_rnn(x_reversed)[0], reverse)
         return torch.cat([forward, backward], dim=-1)
 
-    def _packed_bidirectional(self, x: Tensor, lengths: Tensor) -> Tensor:
+    def _packed_flat(self, x: Tensor, lengths: Tensor) -> Tensor:
         """Inference: both directions in one packed bidirectional GRU call (PyTorch reverses each
-        sequence within its length itself); pad_packed_sequence leaves zeros past each length."""
+        sequence within its length itself), on flat input (see ``forward``). The packed sequence is
+        built straight from the real positions, so padding is never copied, embedded or encoded."""
         f, b = self.forward_rnn, self.backward_rnn
         if "_bidirectional" not in self.__dict__:
             # A shell whose own weights are never used; kept in __dict__ so that it is not a
@@ -176,9 +192,16 @@ class BiGRU(nn.Module):
             self.__dict__["_bidirectional"] = shell.to(device=f.weight_ih_l0.device)
         names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
         params = {name: getattr(f, name) for name in names} | {f"{name}_reverse": getattr(b, name) for name in names}
-        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out = torch.func.functional_call(self.__dict__["_bidirectional"], params, (packed,))[0]
-        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+        lengths = lengths.cpu()
+        sorted_lengths, sorted_rows = torch.sort(lengths, descending=True)
+        starts = torch.cumsum(lengths, 0) - lengths
+        # The packed order is time-major over the rows sorted longest first: step t of every row
+        # longer than t, then step t+1 ...; ``order[k]`` is the flat position of packed entry k.
+        present = torch.arange(int(sorted_lengths[0]))[:, None] < sorted_lengths[None, :]  # [steps, rows]
+        order = (starts[sorted_rows][None, :] + torch.arange(present.shape[0])[:, None])[present]
+        packed = PackedSequence(x[order], present.sum(1), sorted_rows, torch.argsort(sorted_rows))
+        out = torch.func.functional_call(self.__dict__["_bidirectional"], params, (packed,))[0].data
+        return out.new_empty(out.shape).index_copy(0, order.to(out.device), out)
 
 
 class HAN(nn.Module):
@@ -212,15 +235,19 @@ class HAN(nn.Module):
     def classify(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Sentence vectors grouped per document [docs, max_sentences, 2*word_hidden] -> logits and
         sentence weights: the document level on its own (word occlusion reruns only this part)."""
+        mask = _mask(document_lengths, grouped.shape[1])
+        if not self.training or not torch.is_grad_enabled():
+            grouped = grouped[mask]  # flat: the real sentences only (see BiGRU.forward)
         g = self.sentence_rnn(grouped, document_lengths)
-        document_vectors, sentence_weights = self.sentence_attention(g, _mask(document_lengths, grouped.shape[1]))
+        document_vectors, sentence_weights = self.sentence_attention(g, mask)
         return self.head(self.dropout(document_vectors)), sentence_weights
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Words -> one vector per sentence [sentences, 2*word_hidden] and word weights [sentences, max_words]."""
         if not self.training or not torch.is_grad_enabled():
-            h = self.word_rnn(self.embed(words), lengths)
-            return self.word_attention(h, _mask(lengths, words.shape[1]))
+            # Only the real words are embedded and encoded, flat (see BiGRU.forward).
+            mask = _mask(lengths, words.shape[1])
+            return self.word_attention(self.word_rnn(self.embed(words[mask]), lengths), mask)
         # Training: sentences sorted into blocks of similar length, each run dense to its own width
         # and attended on its own. The backward direction's reversal is done on word ids and all
         # blocks share one embedding lookup, so no gradient is scattered into a padded full-batch

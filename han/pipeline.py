@@ -23,7 +23,7 @@ from han.batch import collate_flat, length_sorted_chunks
 from han.model import HANOutput
 from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
 from han.saved_model import SavedModel
-from han.segment import Segment, Segmenter
+from han.segment import Segment, Segmenter, token_key
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
 EMPTY_REASON = "the document has no words (only whitespace or markup)"
@@ -72,6 +72,7 @@ class Pipeline:
         self.segmenter = Segmenter(saved.segmenter)
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
+        self._ids: dict[int, int] = {}  # word text hash -> word id (see encode)
 
     @classmethod
     def from_directory(cls, path: str | Path, **kwargs: int) -> Pipeline:
@@ -135,10 +136,21 @@ class Pipeline:
         return list(self.segmenter.segment_many(texts))
 
     def encode(self, segment: Segment) -> Encoded:
-        """A segment as the model's flat input: (all word ids, words per sentence)."""
-        encode = self.saved.vocab.encode
-        ids = np.fromiter((i for keys in segment.token_keys for i in encode(keys)), dtype=np.int64)
-        return ids, np.fromiter(map(len, segment.token_keys), dtype=np.int64)
+        """A segment as the model's flat input: (all word ids, words per sentence).
+
+        Word ids are looked up by the hash of the word's text, cached: a word seen before costs one
+        dict look-up, with no key built (bounded: a stream of ever-new words empties it now and then)."""
+        cache = self._ids
+        ids = [cache.get(h) for h in segment.hashes.tolist()]
+        if None in ids:
+            if len(cache) > 1_000_000:
+                cache.clear()
+            stoi, unk, text = self.saved.vocab.stoi, self.saved.vocab.unk_id, segment.text
+            spans = zip(segment.hashes.tolist(), segment.starts.tolist(), segment.ends.tolist(), strict=True)
+            for k, (h, a, b) in enumerate(spans):
+                if ids[k] is None:
+                    ids[k] = cache[h] = stoi.get(token_key(text[a:b]), unk)
+        return np.array(ids, dtype=np.int64), segment.lengths
 
     def forward(self, encoded: Sequence[Encoded], method: str = "attention") -> Iterator[tuple[list[int], HANOutput]]:
         """Run the model over encoded documents in length-sorted batches: yields (indices, output),
@@ -179,21 +191,19 @@ class Pipeline:
         """Attach the explanation: every sentence and word (``"full"``), or the top k of each by
         magnitude (TopK; an attention word's weight is then its sentence's weight times its weight
         within the sentence, so that words compare across sentences)."""
-        n = len(segment.sentence_spans)
+        n = len(segment.lengths)
         text = segment.text
+        real = np.arange(word_weights.shape[1]) < segment.lengths[:, None]  # [n, width]: the words, in order
+        starts, ends = segment.starts.tolist(), segment.ends.tolist()
         if mode == "full":
             sw = np.round(sentence_weights[:n].astype(np.float64), DECIMALS).tolist()
-            ww = np.round(word_weights[:n].astype(np.float64), DECIMALS).tolist()
-            result.sentences = [
-                SentenceWeight(
-                    text[start:end],
-                    start,
-                    end,
-                    sw[s],
-                    [WordWeight(text[a:b], a, b, ww[s][w]) for w, (a, b) in enumerate(segment.token_spans[s])],
-                )
-                for s, (start, end) in enumerate(segment.sentence_spans)
-            ]
+            ww = np.round(word_weights[:n].astype(np.float64), DECIMALS)[real].tolist()
+            result.sentences = []
+            last = np.cumsum(segment.lengths).tolist()
+            for s, (start, end) in enumerate(segment.sentence_spans):
+                span = range(last[s] - int(segment.lengths[s]), last[s])
+                words = [WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], ww[w]) for w in span]
+                result.sentences.append(SentenceWeight(text[start:end], start, end, sw[s], words))
             return
         assert isinstance(mode, TopK)
         sw = sentence_weights[:n].astype(np.float64)
@@ -203,15 +213,13 @@ class Pipeline:
             for s in top_s
             for a, b in [segment.sentence_spans[s]]
         ]
-        words = [(s, w) for s in range(n) for w in range(len(segment.token_spans[s]))]
         doc_weights = word_weights[:n].astype(np.float64)
         if result.method in WITHIN_SENTENCE:
             doc_weights = sw[:, None] * doc_weights
-        doc_weights = doc_weights.ravel()
-        width = word_weights.shape[1]
-        top_w = heapq.nlargest(mode.words, words, key=lambda sw_: abs(doc_weights[sw_[0] * width + sw_[1]]))
+        doc_weights = doc_weights[real]  # one per word, in reading order
+        # The heaviest by magnitude, ties in reading order (as sorted(..., reverse=True) would give).
+        top_w = np.argsort(-np.abs(doc_weights), kind="stable")[: mode.words].tolist()
         result.top_words = [
-            WordWeight(text[a:b], a, b, round(float(doc_weights[s * width + w]), DECIMALS))
-            for s, w in top_w
-            for a, b in [segment.token_spans[s][w]]
+            WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], round(float(doc_weights[w]), DECIMALS))
+            for w in top_w
         ]

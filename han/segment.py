@@ -1,6 +1,7 @@
 """Sentence splitting and tokenisation with character offsets into the original text.
 
-Uses ``spacy.blank("en")`` with the rule-based ``sentencizer`` (no model download).
+Uses the tokenizer of ``spacy.blank("en")`` and the rules of spaCy's ``sentencizer`` (no model
+download), applied to whole arrays of token attributes rather than token by token.
 Cleaning never changes the length of the text: HTML line breaks, control characters and
 other junk are overwritten in place, so every offset points into the text the user sent.
 Token *keys* (what the vocabulary sees) are lower-cased and Unicode-NFC normalised.
@@ -10,11 +11,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from itertools import pairwise
 
+import numpy as np
 import spacy
-from spacy.attrs import IDX, IS_SPACE, LENGTH, SENT_START
+from spacy.attrs import IDX, IS_PUNCT, IS_SPACE, LENGTH, ORTH
+from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc
 
 # `<br>`, `<br/>`, `<br />`, `<p>`, `</p>`: paragraph structure in scraped text (IMDB has plenty).
@@ -45,19 +51,44 @@ class SegmenterConfig:
         return asdict(self)
 
 
+def _empty(dtype: type = np.int64) -> np.ndarray:
+    return np.zeros(0, dtype=dtype)
+
+
 @dataclass
 class Segment:
-    """One document split into sentences of tokens, with spans into the original text."""
+    """One document split into sentences of words, held as arrays of offsets into the original text
+    (a sentence longer than ``max_words`` counts as its pieces). The model's input needs only
+    ``hashes`` and ``lengths``; the per-word lists (spans, keys) are built when first asked for."""
 
     text: str
-    sentence_spans: list[tuple[int, int]] = field(default_factory=list)
-    token_spans: list[list[tuple[int, int]]] = field(default_factory=list)
-    token_keys: list[list[str]] = field(default_factory=list)
+    starts: np.ndarray = field(default_factory=_empty)  # [words] offset of each word, in reading order
+    ends: np.ndarray = field(default_factory=_empty)  # [words] offset just past it
+    hashes: np.ndarray = field(default_factory=lambda: _empty(np.uint64))  # [words] spaCy's hash of its text
+    lengths: np.ndarray = field(default_factory=_empty)  # [sentences] words in each sentence
     truncated: bool = False
 
     @property
     def is_empty(self) -> bool:
-        return not self.sentence_spans
+        return not len(self.lengths)
+
+    @cached_property
+    def sentence_spans(self) -> list[tuple[int, int]]:
+        last = np.cumsum(self.lengths)
+        return list(zip(self.starts[last - self.lengths].tolist(), self.ends[last - 1].tolist(), strict=True))
+
+    @cached_property
+    def token_spans(self) -> list[list[tuple[int, int]]]:
+        return self._per_sentence(list(zip(self.starts.tolist(), self.ends.tolist(), strict=True)))
+
+    @cached_property
+    def token_keys(self) -> list[list[str]]:
+        text = self.text
+        return self._per_sentence([token_key(text[a:b]) for a, b in zip(self.starts.tolist(), self.ends.tolist())])  # noqa: B905
+
+    def _per_sentence(self, items: list) -> list[list]:
+        bounds = [0, *np.cumsum(self.lengths).tolist()]
+        return [items[a:b] for a, b in pairwise(bounds)]
 
 
 def clean_text(text: str) -> str:
@@ -73,13 +104,14 @@ def token_key(token_text: str) -> str:
 
 
 class Segmenter:
-    """Splits documents into sentences and tokens, batching through ``nlp.pipe``."""
+    """Splits documents into sentences and tokens, batching through the spaCy tokenizer."""
 
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
         self.nlp = spacy.blank("en")
-        self.nlp.add_pipe("sentencizer")
         self.nlp.max_length = max(self.nlp.max_length, self.config.max_chars + 1)
+        strings = self.nlp.vocab.strings
+        self._stops = np.array(sorted(strings.add(c) for c in Sentencizer.default_punct_chars), dtype=np.uint64)
 
     def segment(self, text: str) -> Segment:
         """Segment one document; raises EmptyDocumentError if it has no words."""
@@ -91,42 +123,57 @@ class Segmenter:
     def segment_many(self, texts: Iterable[str], batch_size: int = 128) -> Iterator[Segment]:
         """Segment documents lazily and in order; an empty document gives an empty Segment."""
         limit = self.config.max_chars
+        pending: deque[tuple[str, str, bool]] = deque()  # (original, cleaned, cut), in step with the tokenizer
 
-        def prepared() -> Iterator[tuple[str, tuple[str, str, bool]]]:
+        def prepared() -> Iterator[str]:
             for text in texts:
                 if not isinstance(text, str):
                     raise TypeError(f"a document must be a string, not {type(text).__name__}")
                 cut = len(text) > limit
                 cleaned = clean_text(text[:limit] if cut else text)
-                yield cleaned, (text, cleaned, cut)
+                pending.append((text, cleaned, cut))
+                yield cleaned
 
-        for doc, (original, cleaned, cut) in self.nlp.pipe(prepared(), batch_size=batch_size, as_tuples=True):
+        for doc in self.nlp.tokenizer.pipe(prepared(), batch_size=batch_size):
+            original, cleaned, cut = pending.popleft()
             yield self._from_doc(doc, original, cleaned, cut)
 
     def _from_doc(self, doc: Doc, original: str, cleaned: str, cut: bool) -> Segment:
+        if not len(doc):
+            return Segment(original, truncated=cut)
+        idx, length, is_space, is_punct, orth = doc.to_array([IDX, LENGTH, IS_SPACE, IS_PUNCT, ORTH]).T
+        # spaCy's sentencizer: after a token in its punct_chars, the next token that is neither
+        # punctuation nor one of those chars starts a sentence (as does the first token).
+        at = np.minimum(np.searchsorted(self._stops, orth), len(self._stops) - 1)
+        stop = self._stops[at] == orth
+        other = np.flatnonzero(~(stop | is_punct.astype(bool)))  # candidates: neither
+        stops_before = np.concatenate([[0], np.cumsum(stop)])  # stops_before[i]: stops among tokens < i
+        previous_end = np.concatenate([[0], other[:-1] + 1])  # just past the previous candidate
+        starts_sentence = np.zeros(len(doc), dtype=bool)
+        starts_sentence[other[stops_before[other] > stops_before[previous_end]]] = True
+        starts_sentence[0] = True
+        # Words are the non-whitespace tokens. A word opens a new sentence if it starts one, or if a
+        # whitespace token since the previous word started one or holds a line break.
+        space = is_space.astype(bool)
+        words = np.flatnonzero(~space)
+        if not len(words):
+            return Segment(original, truncated=cut)
+        breaks = starts_sentence & space
+        for i in np.flatnonzero(space & ~starts_sentence).tolist():
+            breaks[i] = "\n" in cleaned[idx[i] : idx[i] + length[i]]
+        breaks_before = np.concatenate([[0], np.cumsum(breaks)])
+        previous_word_end = np.concatenate([[0], words[:-1] + 1])
+        opens = starts_sentence[words] | (breaks_before[words] > breaks_before[previous_word_end])
+        opens[0] = True
+        # Sentences longer than max_words are cut into pieces; at most max_sentences pieces are kept.
         max_words, max_sentences = self.config.max_words, self.config.max_sentences
-        segment = Segment(text=original, truncated=cut)
-        sentences: list[list[tuple[int, int]]] = []
-        current: list[tuple[int, int]] = []
-        boundary = False  # a sentence start or a line break seen on a whitespace token
-        for idx, length, is_space, sent_start in doc.to_array([IDX, LENGTH, IS_SPACE, SENT_START]).tolist():
-            if is_space:
-                boundary = boundary or sent_start == 1 or "\n" in cleaned[idx : idx + length]
-                continue
-            if current and (sent_start == 1 or boundary):
-                sentences.append(current)
-                current = []
-            boundary = False
-            current.append((idx, idx + length))
-        if current:
-            sentences.append(current)
-        for spans in sentences:
-            for i in range(0, len(spans), max_words):
-                if len(segment.token_spans) == max_sentences:
-                    segment.truncated = True
-                    return segment
-                piece = spans[i : i + max_words]
-                segment.token_spans.append(piece)
-                segment.token_keys.append([token_key(cleaned[a:b]) for a, b in piece])
-                segment.sentence_spans.append((piece[0][0], piece[-1][1]))
-        return segment
+        bounds = [*np.flatnonzero(opens).tolist(), len(words)]
+        lengths: list[int] = []
+        for first, last in pairwise(bounds):
+            full, rest = divmod(last - first, max_words)
+            lengths += [max_words] * full + ([rest] if rest else [])
+        if len(lengths) > max_sentences:
+            lengths, cut = lengths[:max_sentences], True
+        words = words[: sum(lengths)]
+        starts = idx[words].astype(np.int64)
+        return Segment(original, starts, starts + length[words].astype(np.int64), orth[words], np.array(lengths), cut)

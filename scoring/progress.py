@@ -13,7 +13,10 @@ _T0 = time.monotonic()
 def trace(event: str) -> None:
     """With HAN_SCORE_TRACE=1, log when each phase happens (seconds since start-up) to stderr."""
     if os.environ.get("HAN_SCORE_TRACE"):
-        print(f"han-score +{time.monotonic() - _T0:7.2f}s {event}", file=sys.stderr, flush=True)
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+        print(f"han-score +{time.monotonic() - _T0:7.2f}s {event} (peak RSS {rss} MB)", file=sys.stderr, flush=True)
 
 
 def make_progress(quiet: bool) -> Any:

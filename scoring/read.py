@@ -1,7 +1,8 @@
-"""Reading ``han-score`` input: Parquet, CSV or JSON Lines, streamed through ``datasets``.
+"""Reading ``han-score`` input: Parquet, CSV or JSON Lines, streamed.
 
-The file is opened with ``load_dataset(fmt, data_files=..., split="train", streaming=True)``, so
-only a batch of rows is in memory at a time and a file larger than memory works. Every
+Parquet is read with pyarrow, batch by batch; CSV and JSON Lines with
+``load_dataset(fmt, data_files=..., split="train", streaming=True)``. Either way only a batch of
+rows is in memory at a time and a file larger than memory works. Every
 problem with the input (missing file, unknown extension, unreadable data, missing column)
 is raised as ``InputError`` with a one-line message naming it.
 """
@@ -52,16 +53,16 @@ class InputFile:
         wanted = list(dict.fromkeys([self.text_column] + ([self.id_column] if self.id_column else [])))
         row = start
         try:
-            ds = _load(self.path, self.fmt, self._load_options(wanted))
-            if self.fmt != "parquet":
-                ds = ds.select_columns(wanted)
-            if start:
-                ds = ds.skip(start)
-            for batch in ds.iter(batch_size=READ_BATCH):
+            if self.fmt == "parquet":
+                batches, row = _parquet_batches(self.path, wanted, start)
+            else:
+                ds = _load(self.path, self.fmt, self._load_options(wanted)).select_columns(wanted)
+                batches = ds.skip(start).iter(batch_size=READ_BATCH) if start else ds.iter(batch_size=READ_BATCH)
+            for batch in batches:
                 texts = batch[self.text_column]
                 ids = batch[self.id_column] if self.id_column else None
                 for k, text in enumerate(texts):
-                    if row % num_shards == shard_index:
+                    if row >= start and row % num_shards == shard_index:
                         yield row, (ids[k] if ids is not None else None), text
                     row += 1
         except InputError:
@@ -93,8 +94,6 @@ class InputFile:
             return None  # only the progress bar's total is lost
 
     def _load_options(self, columns: list[str] | None) -> dict[str, Any]:
-        if self.fmt == "parquet":
-            return _parquet_options(columns)
         if self.fmt == "csv":
             return _csv_options(self.columns)
         return {}
@@ -126,9 +125,11 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
             raise InputError(f"cannot read {path}: the file is empty (not Parquet)")
         return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
 
+    if fmt == "parquet":
+        return _open_parquet(path, text_column, id_column)
     _quiet_datasets()
     try:
-        options = {"parquet": _parquet_options(None), "csv": _csv_options(None)}.get(fmt, {})
+        options = {"csv": _csv_options(None)}.get(fmt, {})
         ds = _load(path, fmt, options)
         features = ds.features
         first = next(iter(ds.take(1)), None)
@@ -142,11 +143,7 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
         columns = list(first)
     else:
         return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
-    for role, name in (("text", text_column), ("id", id_column)):
-        if name is not None and name not in columns:
-            raise InputError(
-                f"{path}: no column {name!r} (the {role} column); its columns are {', '.join(map(repr, columns))}"
-            )
+    _check_columns(path, columns, text_column, id_column)
     id_is_int = False
     if id_column is not None and fmt != "csv" and features is not None:
         dtype = getattr(features[id_column], "dtype", "")
@@ -154,23 +151,52 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
     return InputFile(path, fmt, text_column, id_column, columns, id_is_int, empty=first is None)
 
 
-def _parquet_options(columns: list[str] | None) -> dict[str, Any]:
-    """Only the needed columns, in batches of READ_BATCH rows, read page by page.
+def _check_columns(path: Path, columns: list[str], text_column: str, id_column: str | None) -> None:
+    for role, name in (("text", text_column), ("id", id_column)):
+        if name is not None and name not in columns:
+            raise InputError(
+                f"{path}: no column {name!r} (the {role} column); its columns are {', '.join(map(repr, columns))}"
+            )
 
-    By default Arrow pre-buffers a whole row group; a file written as one big row group (the
-    IMDB files are one group of 25,000 rows) would then cost memory in proportion to its size.
-    """
-    import pyarrow.dataset as pads
 
-    options: dict[str, Any] = {
-        "batch_size": READ_BATCH,
-        "fragment_scan_options": pads.ParquetFragmentScanOptions(
-            pre_buffer=False, use_buffered_stream=True, buffer_size=1 << 20
-        ),
-    }
-    if columns:
-        options["columns"] = columns
-    return options
+def _parquet_file(path: Path) -> Any:
+    """The file, read page by page: by default Arrow pre-buffers a whole row group, and a file written
+    as one big row group (the IMDB files are one group of 25,000 rows) would then cost memory in
+    proportion to its size."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+
+
+def _open_parquet(path: Path, text_column: str, id_column: str | None) -> InputFile:
+    """Parquet from its footer alone (schema and row count): no rows are read, and ``datasets``
+    (and what it imports) is not needed."""
+    import pyarrow as pa
+
+    try:
+        parquet = _parquet_file(path)
+        schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
+    except Exception as e:
+        raise InputError(f"cannot read {path}: {_one_line(e)}") from e
+    columns = list(schema.names)
+    _check_columns(path, columns, text_column, id_column)
+    id_is_int = id_column is not None and pa.types.is_integer(schema.field(id_column).type)
+    return InputFile(path, "parquet", text_column, id_column, columns, id_is_int, empty=rows == 0)
+
+
+def _parquet_batches(path: Path, columns: list[str], start: int) -> tuple[Iterator[dict[str, list]], int]:
+    """Batches of ``columns`` (as lists) from the row group holding row ``start`` on (the groups
+    before it are not read at all), and the index of the first row they hold."""
+    parquet = _parquet_file(path)
+    groups, first = [], 0
+    for g in range(parquet.metadata.num_row_groups):
+        size = parquet.metadata.row_group(g).num_rows
+        if first + size > start or groups:
+            groups.append(g)
+        else:
+            first += size
+    batches = parquet.iter_batches(batch_size=READ_BATCH, row_groups=groups, columns=columns, use_threads=False)
+    return ({name: batch.column(name).to_pylist() for name in columns} for batch in batches), first
 
 
 def _csv_options(columns: list[str] | None) -> dict[str, Any]:
