@@ -129,6 +129,16 @@ class Server:
             total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 
+    def worker_rss_mb(self) -> float:
+        """The largest RSS among the server's descendant processes (the serving workers), in MB."""
+        sizes = [0]
+        for pid in self.processes()[1:]:
+            try:
+                sizes.append(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+            except (OSError, ValueError, IndexError):
+                continue
+        return max(sizes) / 2**20
+
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
             text = response.read().decode()
@@ -300,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for error in result["first_errors"]:
                 print(f"    error: {error}")
+        results["worker_rss_mb"] = round(server.worker_rss_mb())
+        print(f"\nlargest serving worker RSS after the runs: {results['worker_rss_mb']} MB")
     finally:
         server.stop()
     results["machine"]["load_average_after"] = os.getloadavg()
@@ -315,7 +327,8 @@ def compare(
     """The other checkout and this one, served in turn (A B A B ...): docs/s and p50 per round, and the ratios."""
     versions = [("previous", args.compare_with.resolve()), ("this", REPO)]
     figures: dict[str, list[dict]] = {name: [] for name, _ in versions}
-    print(f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}")
+    header = f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}"
+    print(header + f"{'worker RSS MB':>15}")
     for round_ in range(1, args.rounds + 1):
         for name, repo in versions:
             server = Server(tag, args.workers, args.service, extra_env, repo=repo)
@@ -324,6 +337,7 @@ def compare(
                 asyncio.run(run_load(server.url, warmup, 8))
                 one = measured(server, single, 1)
                 many = measured(server, load, args.clients)
+                rss = server.worker_rss_mb()
             finally:
                 server.stop()
             figures[name].append(
@@ -332,11 +346,12 @@ def compare(
                     "p50_ms": many["p50_ms"],
                     "errors": many["errors"],
                     "single_p50_ms": one["p50_ms"],
+                    "worker_rss_mb": round(rss),
                 }
             )
             print(
                 f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['errors']:>8}"
-                f"{one['p50_ms']:>14}",
+                f"{one['p50_ms']:>14}{round(rss):>15}",
                 flush=True,
             )
     ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures["previous"], figures["this"], strict=True)]

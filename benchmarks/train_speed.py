@@ -21,6 +21,7 @@ config's training split. Rounds alternate between the variants, so machine noise
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -33,11 +34,19 @@ import yaml
 from torch import Tensor
 
 from han.environment import apply_defaults
-from han.model import HAN, HANConfig, _mask
+from han.model import HAN, BiGRU, HANConfig, _mask
 from training.data import HANDataModule
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+
+def packed(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
+    """Padded in and out, through the packed recurrence the HAN runs for inference (differentiable)."""
+    mask = _mask(lengths, x.shape[1])
+    out = x.new_zeros(*mask.shape, 2 * rnn.forward_rnn.hidden_size)
+    out[mask] = rnn._packed_flat(x[mask], lengths)
+    return out
 
 
 class PackedHAN(HAN):
@@ -45,10 +54,10 @@ class PackedHAN(HAN):
 
     def __init__(self, config: HANConfig) -> None:
         super().__init__(config)
-        self.sentence_rnn.forward = self.sentence_rnn._packed_bidirectional  # type: ignore[method-assign]
+        self.sentence_rnn.forward = functools.partial(packed, self.sentence_rnn)  # type: ignore[method-assign]
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.word_rnn._packed_bidirectional(self.embedding(words), lengths)
+        h = packed(self.word_rnn, self.embedding(words), lengths)
         return self.word_attention(h, _mask(lengths, words.shape[1]))
 
 

@@ -135,8 +135,9 @@ class BiGRU(nn.Module):
     """A bidirectional GRU over right-padded sequences of different lengths (at least 1).
 
     The backward direction reads each sequence reversed within its own length, so padding never
-    reaches a real position. Outside training the sequences are packed (no compute on padding,
-    fastest for inference, and what attributions differentiate); in training they are sorted into
+    reaches a real position. Outside training the sequences are packed straight from their real
+    positions (no copy, embedding or compute of padding; fastest for inference, and what
+    attributions differentiate); in training they are sorted into
     a few blocks of similar length and run dense (little padding, and several times faster to
     back-propagate on a CPU than packed sequences). Both give the same outputs.
     """

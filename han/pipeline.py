@@ -198,12 +198,13 @@ class Pipeline:
         if mode == "full":
             sw = np.round(sentence_weights[:n].astype(np.float64), DECIMALS).tolist()
             ww = np.round(word_weights[:n].astype(np.float64), DECIMALS)[real].tolist()
-            result.sentences = []
-            last = np.cumsum(segment.lengths).tolist()
-            for s, (start, end) in enumerate(segment.sentence_spans):
-                span = range(last[s] - int(segment.lengths[s]), last[s])
-                words = [WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], ww[w]) for w in span]
-                result.sentences.append(SentenceWeight(text[start:end], start, end, sw[s], words))
+            words = list(map(WordWeight, map(text.__getitem__, map(slice, starts, ends)), starts, ends, ww))
+            result.sentences = [
+                SentenceWeight(text[start:end], start, end, sw[s], words[a:b])
+                for s, ((start, end), a, b) in enumerate(
+                    zip(segment.sentence_spans, *_bounds(segment.lengths), strict=True)
+                )
+            ]
             return
         assert isinstance(mode, TopK)
         sw = sentence_weights[:n].astype(np.float64)
@@ -223,3 +224,9 @@ class Pipeline:
             WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], round(float(doc_weights[w]), DECIMALS))
             for w in top_w
         ]
+
+
+def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
+    """Where each sentence's words begin and end in the document's list of words."""
+    ends = np.cumsum(lengths)
+    return (ends - lengths).tolist(), ends.tolist()

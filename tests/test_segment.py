@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import spacy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,10 @@ def test_sentences_and_tokens_carry_offsets_into_the_original_text() -> None:
     text = "The plot is thin. But the acting?  Superb!\nA must-see."
     seg = SEG.segment(text)
     assert [text[a:b] for a, b in seg.sentence_spans] == [
-        "The plot is thin.", "But the acting?", "Superb!", "A must-see.",
+        "The plot is thin.",
+        "But the acting?",
+        "Superb!",
+        "A must-see.",
     ]
     assert [text[a:b] for a, b in seg.token_spans[1]] == ["But", "the", "acting", "?"]
     assert not seg.truncated
@@ -102,3 +106,86 @@ def test_any_text_gives_exact_spans_or_a_clear_empty_error(text: str) -> None:
         assert not clean_text(text).strip(), "only blank documents may be reported empty"
         return
     assert_spans_exact(seg)
+
+
+SENTENCIZER = spacy.blank("en")
+SENTENCIZER.add_pipe("sentencizer")
+
+
+def token_by_token(text: str, config: SegmenterConfig) -> list[list[tuple[int, int]]]:
+    """The reference: spaCy's own sentencizer component, then the rules of ``Segmenter`` applied one
+    token object at a time (how it worked before it read arrays): a word opens a sentence where the
+    sentencizer starts one, or after a whitespace token that starts one or holds a line break; long
+    sentences are cut into pieces of max_words, and at most max_sentences pieces are kept."""
+    cleaned = clean_text(text[: config.max_chars])
+    sentences: list[list[tuple[int, int]]] = []
+    boundary = False
+    for token in SENTENCIZER(cleaned):
+        if token.is_space:
+            boundary = boundary or token.is_sent_start or "\n" in token.text
+            continue
+        if not sentences or token.is_sent_start or boundary:
+            sentences.append([])
+        boundary = False
+        sentences[-1].append((token.idx, token.idx + len(token)))
+    pieces = [s[i : i + config.max_words] for s in sentences for i in range(0, len(s), config.max_words)]
+    return pieces[: config.max_sentences]
+
+
+SMALL = SegmenterConfig(max_sentences=6, max_words=5, max_chars=400)
+SEGMENTERS = {config: Segmenter(config) for config in (SegmenterConfig(), SMALL)}
+PUNCTUATED = st.lists(
+    st.sampled_from(
+        [
+            "Word",
+            "a",
+            ".",
+            "!",
+            "?",
+            "...",
+            "!!",
+            "\n",
+            "\n\n",
+            " ",
+            "  ",
+            "\t",
+            '"',
+            "(",
+            ")",
+            "-",
+            "…",
+            "。",
+            "<br />",
+            "Mr.",
+            "U.S.",
+            "e.g.",
+            ":",
+            ";",
+            ",",
+            "'s",
+            "\u00a0",
+            "é",
+        ]
+    ),
+    max_size=80,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PUNCTUATED, st.sampled_from([SegmenterConfig(), SMALL]))
+def test_sentences_match_spacys_sentencizer_token_by_token(text: str, config: SegmenterConfig) -> None:
+    """Segmenter applies the sentencizer's rule to whole arrays; it must split exactly as the component does."""
+    assert next(SEGMENTERS[config].segment_many([text])).token_spans == token_by_token(text, config)
+
+
+def test_sentences_match_spacys_sentencizer_on_real_reviews_and_posts(shared_datasets) -> None:
+    import pyarrow.parquet as pq
+
+    texts = []
+    for name in ("imdb", "20newsgroups", "reuters21578"):
+        texts += (
+            pq.read_table(shared_datasets / name / "test.parquet", columns=["text"]).column("text").to_pylist()[:150]
+        )
+    for config in (SegmenterConfig(), SMALL):
+        for k, segment in enumerate(SEGMENTERS[config].segment_many(texts)):
+            assert segment.token_spans == token_by_token(texts[k], config), f"document {k}"
