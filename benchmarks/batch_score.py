@@ -139,7 +139,7 @@ def split_pipeline(model: str, source: str, threads: int, summary_path: str) -> 
     import multiprocessing as mp
 
     from han import Pipeline, SavedModel
-    from scoring.score import tune_process
+    from han.environment import tune_process
 
     tune_process(threads)
     pipeline = Pipeline(SavedModel.load(model))

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from scoring.progress import make_progress, trace
-from scoring.score import ScoredWindow, ScoringOptions, tune_process
+from scoring.score import ScoredWindow, ScoringOptions
 from scoring.workers import Workers
 
 
@@ -35,6 +35,7 @@ class Scorer:
         if self.pool:
             self.pool.configure(self.model_dir, self.options)
         from han import Pipeline
+        from han.environment import tune_process
 
         tune_process(self.options.threads)
         options = self.options

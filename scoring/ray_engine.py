@@ -45,8 +45,8 @@ class RayScorer:
     def __init__(
         self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str
     ) -> None:
-        from han.environment import apply_defaults
-        from scoring.score import make_pipeline, tune_process
+        from han.environment import apply_defaults, tune_process
+        from scoring.score import make_pipeline
 
         apply_defaults()
         tune_process(options.threads)

@@ -11,8 +11,6 @@ it before anything else, and ``han`` (torch, spaCy) is imported inside the funct
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,28 +110,3 @@ def make_pipeline(model_dir: str, options: ScoringOptions) -> Pipeline:
 
     saved = SavedModel.load(model_dir)
     return Pipeline(saved, batch_size=options.batch_size, max_batch_tokens=options.max_batch_tokens)
-
-
-def tune_process(threads: int) -> None:
-    """Settings for a process that runs the model: torch threads, and glibc malloc kept from thrashing.
-
-    Each batch allocates and frees tensors of several MB. By default glibc serves those with
-    mmap/munmap (and trims the heap after big frees), so every batch page-faults fresh zeroed
-    memory: measured, a third of the model's time went to the kernel (1000 IMDB reviews:
-    user 1.35 s + sys 0.66 s; with these two settings user 1.26 s + sys 0.05 s). Keeping
-    allocations up to 32 MB on the heap and not trimming below 256 MB of free space removes that;
-    the cost is that freed memory stays mapped, so RSS stays at its high-water mark (bounded).
-    """
-    import torch
-
-    torch.set_num_threads(threads)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6")
-            m_trim_threshold, m_mmap_threshold = -1, -3
-            libc.mallopt(m_mmap_threshold, 32 << 20)  # 32 MB is glibc's largest allowed value
-            libc.mallopt(m_trim_threshold, 256 << 20)

@@ -40,7 +40,8 @@ def _started() -> int:
 
 
 def _score(model_dir: str, options: ScoringOptions, texts: list[Any]) -> ScoredWindow:
-    from scoring.score import make_pipeline, score_texts, tune_process
+    from han.environment import tune_process
+    from scoring.score import make_pipeline, score_texts
 
     key = (model_dir, options)
     if key not in _loaded:

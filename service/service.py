@@ -15,11 +15,10 @@ import os
 from pathlib import Path
 
 import bentoml
-import torch
 from starlette.responses import JSONResponse
 
 import han
-from han.environment import apply_defaults
+from han.environment import apply_defaults, tune_process
 from model_store import MODEL_TAG_ENV, default_model_tag
 from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
 from service.batcher import RequestBatcher, observe_batch
@@ -64,8 +63,9 @@ class HANClassifier:
     bento_model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        # One inference thread per worker process: more threads only fight over the cores.
-        torch.set_num_threads(int(os.environ.get("HAN_TORCH_THREADS", "1")))
+        # One inference thread per worker process (more only fight over the cores), and malloc
+        # kept from handing every batch's tensors back to the kernel (han.environment.tune_process).
+        tune_process(int(os.environ.get("HAN_TORCH_THREADS", "1")))
         stored = self.bento_model
         saved = han.SavedModel.load(stored.path)
         self.pipeline = han.Pipeline(saved)
