@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/batch_score.py                       # the figures in BENCHMARKS.md
     .venv/bin/python benchmarks/batch_score.py --model han-imdb:latest --rows 25000 --explain-modes off
     .venv/bin/python benchmarks/batch_score.py --engine ray --rows 25000 --repeat 3   # Ray vs local, in turn
+    .venv/bin/python benchmarks/batch_score.py --stages 10000      # CPU ms per review of each stage
 
 Each configuration runs ``han-score`` as a subprocess, exactly as a user would (Parquet in,
 Parquet out, text column ``text``), and measures:
@@ -216,6 +217,48 @@ def compare_designs(model: str, data: Path, rows: int, repeat: int, workdir: Pat
         )
 
 
+def stage_costs(model: str, data: Path, rows: int, window: int = 500) -> None:
+    """CPU ms per review of each pipeline stage, one process and one torch thread, over the first
+    ``rows`` reviews in han-score's windows (a stream: spaCy's tokenizer cache starts cold). Run it
+    with ``PYTHONPATH=<other checkout>`` to time that checkout's ``han`` the same way."""
+    import pyarrow.parquet as pq
+
+    import han
+    from han import Pipeline, SavedModel
+
+    try:
+        from han.environment import tune_process
+    except ImportError:  # before 2026-11-23
+        from scoring.score import tune_process  # type: ignore[attr-defined,no-redef]
+    tune_process(1)
+    if not Path(model).exists():
+        from model_store import model_path
+
+        model = str(model_path(model))
+    texts = pq.read_table(data, columns=["text"]).column("text").to_pylist()[:rows]
+    pipeline = Pipeline(SavedModel.load(model))
+    spent = dict.fromkeys(("segment", "encode", "forward"), 0.0)
+    for start in range(0, len(texts), window):
+        t0 = time.process_time()
+        segments = pipeline.segment(texts[start : start + window])
+        t1 = time.process_time()
+        encoded = [pipeline.encode(segment) for segment in segments]
+        t2 = time.process_time()
+        for _ in pipeline.forward(encoded):
+            pass
+        t3 = time.process_time()
+        for stage, seconds in zip(spent, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            spent[stage] += seconds
+    tokenizer = pipeline.segmenter.nlp.tokenizer
+    t0 = time.process_time()
+    for _ in tokenizer.pipe(texts[: min(rows, 2000)]):  # warm cache: the floor
+        pass
+    floor = (time.process_time() - t0) / min(rows, 2000)
+    figures = "  ".join(f"{stage} {1000 * seconds / len(texts):.2f}" for stage, seconds in spent.items())
+    checkout = Path(han.__file__).parent.parent
+    print(f"{checkout}: ms/review  {figures}  (spaCy's tokenizer alone, warm cache: {1000 * floor:.2f})")
+
+
 def _num_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
@@ -247,6 +290,12 @@ def main() -> None:
     )
     parser.add_argument("--engine", choices=["local", "ray"], default="local",
                         help="ray: the Ray engine against the local one on the first of --rows (benchmarks/engines.py)")
+    parser.add_argument(
+        "--stages",
+        type=int,
+        metavar="ROWS",
+        help="instead: CPU ms per review of segment, encode and forward in one process over the first ROWS rows",
+    )
     parser.add_argument("--split-pipeline", nargs=4, help=argparse.SUPPRESS)  # internal: one --designs run
     parser.add_argument("extra", nargs="*", help="extra han-score options after --, e.g. -- --workers 1 --threads 2")
     args = parser.parse_args()
@@ -264,6 +313,9 @@ def main() -> None:
     elif Path(model).exists():
         model = str(Path(model).resolve())  # another checkout runs in its own folder
 
+    if args.stages:
+        stage_costs(model, args.data, args.stages)
+        return
     import pyarrow.parquet as pq
 
     total_rows = pq.ParquetFile(args.data).metadata.num_rows
