@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -60,9 +61,14 @@ def _non_negative(value: str) -> int:
 
 
 def default_workers() -> int:
-    from han.environment import usable_cores
-
-    return max(1, min(usable_cores(), 16))
+    """The usable cores, at most 16. Counted here rather than with ``han.environment.usable_cores``:
+    importing ``han`` imports torch and spaCy, seconds that must come after the workers are spawned
+    (so that their own imports overlap) and never before --help or a Ctrl-C handler."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 16))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -179,6 +179,9 @@ class JobRun:
                 self.partial.finish()
                 trace("output merged")
         finally:
+            # Close the reader now (Ctrl-C or an error can leave it mid-file): left to interpreter
+            # shutdown, a datasets generator's cleanup finds its modules gone and prints a traceback.
+            windows.close()
             scorer.close()
         end = time.monotonic()
         wall = end - self.started

@@ -79,8 +79,15 @@ class Workers:
         self.pending: dict[Future[ScoredWindow], tuple[int, list[Any]]] = {}  # future -> (seq, texts)
         self.job: tuple[str, ScoringOptions] | None = None
         self.closed = False
-        for _ in range(n):  # start them all now: their imports overlap this process's checks
-            self.executor.submit(_started)
+        # Start them all now: their imports overlap this process's checks. They are born ignoring
+        # Ctrl-C (an ignored signal stays ignored across exec): the terminal sends it to the whole
+        # process group, and a worker still importing would print a KeyboardInterrupt traceback.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for _ in range(n):
+                self.executor.submit(_started)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def configure(self, model_dir: str, options: ScoringOptions) -> None:
         """The model and settings the windows are scored with (each worker loads the model once)."""

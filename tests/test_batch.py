@@ -587,3 +587,12 @@ def test_a_dead_worker_or_ctrl_c_stops_with_one_line_and_no_process_left(
         assert err.startswith("han-score: error: a scoring worker died"), err
         assert "--resume" in err
     assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_han_score_parses_its_arguments_without_importing_torch_or_spacy() -> None:
+    """The workers are spawned before the heavy imports, so that theirs overlap this process's; and
+    --help or an early Ctrl-C must not wait for (or interrupt with a traceback) torch's import."""
+    heavy = "{'torch', 'spacy', 'han'}"
+    code = f"import sys; import scoring.cli as c; c.build_parser(); print(sorted({heavy} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
