@@ -200,9 +200,9 @@ class Pipeline:
             ww = np.round(word_weights[:n].astype(np.float64), DECIMALS)[real].tolist()
             words = list(map(WordWeight, map(text.__getitem__, map(slice, starts, ends)), starts, ends, ww))
             result.sentences = [
-                SentenceWeight(text[start:end], start, end, sw[s], words[a:b])
-                for s, ((start, end), a, b) in enumerate(
-                    zip(segment.sentence_spans, *_bounds(segment.lengths), strict=True)
+                SentenceWeight(text[start:end], start, end, sw[s], sentence_words)
+                for s, ((start, end), sentence_words) in enumerate(
+                    zip(segment.sentence_spans, segment.per_sentence(words), strict=True)
                 )
             ]
             return
@@ -224,9 +224,3 @@ class Pipeline:
             WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], round(float(doc_weights[w]), DECIMALS))
             for w in top_w
         ]
-
-
-def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
-    """Where each sentence's words begin and end in the document's list of words."""
-    ends = np.cumsum(lengths)
-    return (ends - lengths).tolist(), ends.tolist()

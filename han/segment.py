@@ -79,14 +79,15 @@ class Segment:
 
     @cached_property
     def token_spans(self) -> list[list[tuple[int, int]]]:
-        return self._per_sentence(list(zip(self.starts.tolist(), self.ends.tolist(), strict=True)))
+        return self.per_sentence(list(zip(self.starts.tolist(), self.ends.tolist(), strict=True)))
 
     @cached_property
     def token_keys(self) -> list[list[str]]:
         text = self.text
-        return self._per_sentence([token_key(text[a:b]) for a, b in zip(self.starts.tolist(), self.ends.tolist())])  # noqa: B905
+        return self.per_sentence([token_key(text[a:b]) for a, b in zip(self.starts.tolist(), self.ends.tolist())])  # noqa: B905
 
-    def _per_sentence(self, items: list) -> list[list]:
+    def per_sentence(self, items: list) -> list[list]:
+        """One item per word, in reading order -> one list per sentence."""
         bounds = [0, *np.cumsum(self.lengths).tolist()]
         return [items[a:b] for a, b in pairwise(bounds)]
 
@@ -108,8 +109,7 @@ class Segmenter:
 
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
-        self.nlp = spacy.blank("en")
-        self.nlp.max_length = max(self.nlp.max_length, self.config.max_chars + 1)
+        self.nlp = spacy.blank("en")  # only its tokenizer runs (texts are cut at max_chars first)
         strings = self.nlp.vocab.strings
         self._stops = np.array(sorted(strings.add(c) for c in Sentencizer.default_punct_chars), dtype=np.uint64)
 
@@ -147,10 +147,8 @@ class Segmenter:
         at = np.minimum(np.searchsorted(self._stops, orth), len(self._stops) - 1)
         stop = self._stops[at] == orth
         other = np.flatnonzero(~(stop | is_punct.astype(bool)))  # candidates: neither
-        stops_before = np.concatenate([[0], np.cumsum(stop)])  # stops_before[i]: stops among tokens < i
-        previous_end = np.concatenate([[0], other[:-1] + 1])  # just past the previous candidate
         starts_sentence = np.zeros(len(doc), dtype=bool)
-        starts_sentence[other[stops_before[other] > stops_before[previous_end]]] = True
+        starts_sentence[other[_seen_since_previous(stop, other)]] = True
         starts_sentence[0] = True
         # Words are the non-whitespace tokens. A word opens a new sentence if it starts one, or if a
         # whitespace token since the previous word started one or holds a line break.
@@ -161,9 +159,7 @@ class Segmenter:
         breaks = starts_sentence & space
         for i in np.flatnonzero(space & ~starts_sentence).tolist():
             breaks[i] = "\n" in cleaned[idx[i] : idx[i] + length[i]]
-        breaks_before = np.concatenate([[0], np.cumsum(breaks)])
-        previous_word_end = np.concatenate([[0], words[:-1] + 1])
-        opens = starts_sentence[words] | (breaks_before[words] > breaks_before[previous_word_end])
+        opens = starts_sentence[words] | _seen_since_previous(breaks, words)
         opens[0] = True
         # Sentences longer than max_words are cut into pieces; at most max_sentences pieces are kept.
         max_words, max_sentences = self.config.max_words, self.config.max_sentences
@@ -177,3 +173,11 @@ class Segmenter:
         words = words[: sum(lengths)]
         starts = idx[words].astype(np.int64)
         return Segment(original, starts, starts + length[words].astype(np.int64), orth[words], np.array(lengths), cut)
+
+
+def _seen_since_previous(flags: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """For each of the increasing ``positions``: is any of ``flags`` set strictly between the
+    previous position (or the start) and it?"""
+    before = np.concatenate([[0], np.cumsum(flags)])  # before[i]: flags set among tokens < i
+    previous_end = np.concatenate([[0], positions[:-1] + 1])
+    return before[positions] > before[previous_end]
