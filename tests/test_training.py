@@ -366,6 +366,6 @@ def test_every_shipped_config_resolves(configs: list[str], capsys: pytest.Captur
     printed = capsys.readouterr().out
     assert "embeddings: word2vec" in printed
     if "small_data" in configs:
-        assert "freeze_embeddings: 5" in printed and "max_epochs: 15" in printed
+        assert "freeze_embeddings: 5" in printed and "max_epochs: 15" in printed and "fraction: 1.0" in printed
     if configs[0] in ("20newsgroups", "reuters"):
         assert "training.callbacks.EMA" in printed and "LearningRateMonitor" in printed  # appended, not replacing

@@ -7,6 +7,7 @@
     export.py   the trained model as users get it: model directory, threshold, report, model store
     report.py   evaluation through han.Pipeline: per-class metrics, confusion matrix, predictions
     callbacks.py  throughput per epoch and ``han-train predict``'s output file
+    self_training.py  few labels: a first model labels the unlabelled text for a second fit
 
 Imports han and model_store; never the serving code.
 """

@@ -23,6 +23,7 @@ from han.saved_model import ModelDirectoryError
 from training.data import HANDataModule
 from training.export import CheckpointError, ExportModel
 from training.module import HANClassifier
+from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 
 
@@ -42,6 +43,7 @@ class HANCLI(LightningCLI):
             "checkpoint.auto_insert_metric_name": False,
         })
         parser.add_lightning_class_args(ExportModel, "export")
+        parser.add_class_arguments(SelfTraining, "self_training")
         parser.set_defaults({
             "trainer.use_distributed_sampler": False,
             "trainer.callbacks": [
@@ -58,6 +60,13 @@ class HANCLI(LightningCLI):
         configs = config.get("config") or []
         run_name = Path(str(configs[-1])).stem if configs else "han"
         root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
+        if self.subcommand == "fit" and teaching(config):
+            if config.data.multi_label:
+                raise DataError("self-training (self_training.fraction above 0) is for single-label data")
+            # The first of two fits: its model only labels the unlabelled text (see main).
+            root = root / "teacher"
+            config.checkpoint.dirpath = None
+            config.export.register, config.export.faithfulness = False, 0
         config.trainer.default_root_dir = str(root)
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(root / "checkpoints")
@@ -82,13 +91,9 @@ def main(args: list[str] | None = None) -> None:
     # All cores unless OMP_NUM_THREADS says otherwise (torch's own default can be fewer than the cores).
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     try:
-        HANCLI(
-            HANClassifier,
-            HANDataModule,
-            args=args,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-        )
+        cli = _run(args)
+        if cli.subcommand == "fit" and teaching(cli.config.fit):
+            _second_fit(cli, list(sys.argv[1:] if args is None else args))
     except pickle.UnpicklingError as e:  # Lightning loads --ckpt_path with weights_only=True: code never runs
         if os.environ.get("HAN_DEBUG"):
             raise
@@ -101,6 +106,25 @@ def main(args: list[str] | None = None) -> None:
             raise
         print(f"han-train: error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def _run(args: list[str] | None) -> HANCLI:
+    return HANCLI(HANClassifier, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
+                  auto_configure_optimizers=False)
+
+
+def _second_fit(teacher: HANCLI, args: list[str]) -> None:
+    """Self-training: the teacher's labels for the unlabelled text, then the fit that is exported."""
+    config = teacher.config.fit
+    teacher_root = Path(config.trainer.default_root_dir)
+    if teacher.trainer.interrupted:
+        return
+    pseudo = teacher_root.parent / PSEUDO_FILE
+    counts = pseudo_label(teacher_root / "model", config, pseudo)
+    print(f"self-training: the first model labelled {counts['chosen']:,} of {counts['unlabeled']:,} unlabelled "
+          f"documents for the second fit (lowest confidence kept {counts['min_confidence'] or 0:.3f}) -> {pseudo}",
+          file=sys.stderr)
+    _run([*args, "--data.pseudo_labelled", str(pseudo), "--trainer.default_root_dir", str(teacher_root.parent)])
 
 
 if __name__ == "__main__":

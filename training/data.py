@@ -107,7 +107,11 @@ class HANDataModule(pl.LightningDataModule):
             (stratified by label, seeded).
         test: test data, used by ``han-train test`` and the evaluation report after ``fit``.
         unlabeled: more text in any of the same formats, with or without a label column: word vectors
-            built with ``--model.embeddings word2vec`` learn from it as well as from train.
+            built with ``--model.embeddings word2vec`` learn from it as well as from train, and
+            self-training (``--self_training.fraction``) labels some of it.
+        pseudo_labelled: documents labelled by an earlier model (self-training writes them): added to
+            the training split only, after validation is held out, so validation and test stay
+            human-labelled.
         text_column: the column holding the document text.
         label_column: the column holding the label (string or integer), or a list of labels when
             ``multi_label`` is true.
@@ -134,6 +138,7 @@ class HANDataModule(pl.LightningDataModule):
         validation: str | None = None,
         test: str | None = None,
         unlabeled: str | None = None,
+        pseudo_labelled: str | None = None,
         text_column: str = "text",
         label_column: str = "label",
         multi_label: bool = False,
@@ -233,6 +238,9 @@ class HANDataModule(pl.LightningDataModule):
             val = self._tokenised("validation", hp.validation, hp.max_eval_docs)
         else:
             train, val = self._carve_validation(train)
+        if hp.pseudo_labelled:
+            pseudo = self._tokenised("pseudo_labelled", hp.pseudo_labelled, None)
+            train = datasets.concatenate_datasets([train, pseudo])
         self._keys = {"train": train, "validation": val}
         if hp.test:
             self._keys["test"] = self._tokenised("test", hp.test, hp.max_eval_docs)

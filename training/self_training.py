@@ -1,0 +1,89 @@
+"""Self-training: with few labels and more unlabelled text, a first model (the teacher), trained on
+the labels, labels the unlabelled text; a second model trains on the labels plus the teacher's most
+confident labels, balanced across classes, and is the one exported.
+
+``han-train fit`` runs both when ``self_training.fraction`` is above 0 and ``data.unlabeled`` is set:
+the teacher's run goes to ``<run>/teacher`` (exported there, not registered), its labels to
+``<run>/pseudo-labelled.parquet``, and the second fit to ``<run>`` as usual. Validation, calibration,
+the threshold and the test report see human labels only (``data.pseudo_labelled``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from han import DocumentResult, Pipeline, SavedModel
+from training.sources import DataError, load_source
+
+PSEUDO_FILE = "pseudo-labelled.parquet"
+POOL = 4  # the teacher labels at most POOL * max_documents unlabelled documents
+
+
+class SelfTraining:
+    """Settings of self-training (``--self_training.*``).
+
+    Args:
+        fraction: the share of the unlabelled documents the teacher labels for the second fit, as an
+            equal quota per class (``fraction * documents / classes``, the most confident first); 0
+            (the default) trains one model only.
+        max_documents: at most this many pseudo-labelled documents in all (the second fit's time
+            grows with them); the teacher labels at most four times as many, a seeded sample.
+    """
+
+    def __init__(self, fraction: float = 0.0, max_documents: int = 6000) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"self_training.fraction must be between 0 and 1, not {fraction}")
+        if max_documents < 1:
+            raise ValueError(f"self_training.max_documents must be at least 1, not {max_documents}")
+        self.fraction = fraction
+        self.max_documents = max_documents
+
+
+def teaching(config: Any) -> bool:
+    """Whether this ``fit`` config is a self-training run's first (teacher) fit."""
+    return bool(config.self_training.fraction > 0 and config.data.unlabeled and not config.data.pseudo_labelled)
+
+
+def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
+    """Label ``data.unlabeled`` with the teacher in ``model_dir`` (the inference pipeline) and write the
+    chosen documents to ``out`` (Parquet, the data's text and label columns); returns counts."""
+    data, settings = config.data, config.self_training
+    raw = load_source(data.unlabeled)
+    if data.text_column not in raw.column_names:
+        raise DataError(f"unlabeled ({data.unlabeled}): no column {data.text_column!r}")
+    texts = raw[data.text_column]
+    total = len(texts)
+    if len(texts) > POOL * settings.max_documents:  # labelling millions to keep thousands: a seeded sample
+        keep = np.sort(np.random.default_rng(0).choice(len(texts), POOL * settings.max_documents, replace=False))
+        texts = [texts[i] for i in keep]
+    pipeline = Pipeline(SavedModel.load(model_dir), batch_size=128)
+    labels = pipeline.labels
+    results = pipeline(texts, errors="return")
+    scored = [(i, r) for i, r in enumerate(results) if isinstance(r, DocumentResult)]
+    predicted = np.array([labels.index(r.label) for _, r in scored], dtype=np.int64)
+    confidence = np.array([r.scores[r.label] for _, r in scored])
+    quota = int(min(settings.fraction * len(texts), settings.max_documents) / len(labels))
+    chosen: list[int] = []
+    for c in range(len(labels)):
+        members = np.flatnonzero(predicted == c)
+        chosen += members[np.argsort(-confidence[members], kind="stable")][:quota].tolist()
+    chosen.sort()
+    rows = [scored[k][0] for k in chosen]
+    table = pa.table(
+        {data.text_column: [texts[i] for i in rows], data.label_column: [labels[predicted[k]] for k in chosen]}
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
+    per_class = np.bincount(predicted[chosen], minlength=len(labels)) if chosen else np.zeros(len(labels), int)
+    return {
+        "unlabeled": total,
+        "scored": len(scored),
+        "chosen": len(chosen),
+        "per_class": dict(zip(labels, per_class.tolist(), strict=True)),
+        "min_confidence": float(confidence[chosen].min()) if chosen else None,
+    }
