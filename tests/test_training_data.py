@@ -94,3 +94,9 @@ def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, mo
     module = HANDataModule(train=str(tmp_path / "bad.parquet"), test=None, cache_dir=str(tmp_path / "cache-bad"))
     with pytest.raises(DataError, match=r"row 4321: the text is NoneType, not a string"):
         module._tokenised("train", str(tmp_path / "bad.parquet"), None)
+    # named before the tokenising processes start: an error raised in one could hang the pool's exit
+    texts[4321], labels[99] = "fine", None
+    pq.write_table(pa.table({"text": texts, "label": labels}), tmp_path / "bad-label.parquet")
+    module = HANDataModule(train=str(tmp_path / "bad-label.parquet"), test=None, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match=r"row 99: a label must be a string or an integer, not None"):
+        module._tokenised("train", str(tmp_path / "bad-label.parquet"), None)
