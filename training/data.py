@@ -299,7 +299,8 @@ class HANDataModule(pl.LightningDataModule):
         if limit is not None:
             raw = raw.select(range(min(limit, len(raw))))
         raw = raw.select_columns(list(needed))
-        _refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None)
+        _refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
+                               "a list" if self.multi_label else "a string or an integer")
         key = self._cache_key(source, raw, limit)
         self.cache_keys[split] = key
         cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
@@ -374,14 +375,16 @@ class HANDataModule(pl.LightningDataModule):
         return EncodedDocuments(documents, targets)
 
 
-def _refuse_missing_values(raw: datasets.Dataset, split: str, source: str, text: str, label: str | None) -> None:
+def _refuse_missing_values(
+    raw: datasets.Dataset, split: str, source: str, text: str, label: str | None, label_kind: str
+) -> None:
     """A missing text or label is named here, by its row, before tokenising: raised in a tokenising
     process instead, it can leave the process pool hanging on its way out (datasets' ``map``)."""
     import pyarrow.compute as pc
 
     table = raw.with_format("arrow")[:] if raw._indices is not None else raw.data.table
     for column, what in ((text, "the text is NoneType, not a string"),
-                         (label, "a label must be a string or an integer, not None")):
+                         (label, f"a label must be {label_kind}, not None")):
         if column is not None and table.column(column).null_count:
             row = pc.index(pc.is_null(table.column(column)), True).as_py()
             raise DataError(f"{split} ({source}) row {row}: {what}")
