@@ -163,3 +163,19 @@ def test_unlabelled_text_changes_the_built_vectors_and_a_rerun_hits_the_cache(tm
     (other,) = [p for p in built if p != first[0]]
     words = [json.loads(p.with_suffix(".json").read_text()) for p in (first[0], other)]
     assert "oil" in words[1] and "oil" not in words[0]  # words only the unlabelled text has
+
+
+def test_more_word2vec_passes_build_other_vectors_and_a_bad_count_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    fit(tmp_path, "--model.embeddings", "word2vec")
+    fit(tmp_path, "--model.embeddings", "word2vec", "--model.word2vec_epochs", "12")
+    built = sorted(cache.glob("word2vec-*.npy"))
+    assert len(built) == 2, "the passes are part of the cache key"
+    a, b = (np.load(p) for p in built)
+    assert a.shape == b.shape and not np.allclose(a, b)
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--model.word2vec_epochs", "0")
+    err = capsys.readouterr().err
+    assert "model.word2vec_epochs must be at least 1, not 0" in err and "Traceback" not in err

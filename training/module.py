@@ -58,6 +58,8 @@ class HANClassifier(pl.LightningModule):
             ``word2vec`` (the default, the paper's recipe) to build them here from the training text
             and ``data.unlabeled`` (``training.word_vectors``); null for random. Not used with
             ``init_from``, whose model brings its own vectors.
+        word2vec_epochs: passes over the text when ``embeddings`` is ``word2vec`` (gensim's 5 suit
+            large corpora; a few million words gain from more).
         freeze_embeddings: keep the initial vectors fixed for this many epochs (the new layers first
             learn to read them).
         nb_features: give the word encoder each word's Naive Bayes log-count ratios from the training
@@ -85,6 +87,7 @@ class HANClassifier(pl.LightningModule):
         label_smoothing: float = 0.0,
         init_from: str | None = None,
         embeddings: str | None = "word2vec",
+        word2vec_epochs: int = 5,
         freeze_embeddings: int = 1,
         nb_features: bool = False,
     ) -> None:
@@ -97,6 +100,8 @@ class HANClassifier(pl.LightningModule):
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
+        if word2vec_epochs < 1:
+            raise ValueError(f"model.word2vec_epochs must be at least 1, not {word2vec_epochs}")
         if freeze_embeddings < 0:
             raise ValueError(f"model.freeze_embeddings must be 0 or more, not {freeze_embeddings}")
         if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
@@ -142,7 +147,8 @@ class HANClassifier(pl.LightningModule):
         self._initialised = True
         data = self.trainer.datamodule
         if self.hparams.embeddings and self._stored is None:
-            vectors = word_vectors(self.hparams.embeddings, data, self.net.config.embed_dim, data.hparams.seed)
+            vectors = word_vectors(self.hparams.embeddings, data, self.net.config.embed_dim, data.hparams.seed,
+                                   self.hparams.word2vec_epochs)
             with torch.no_grad():
                 self.net.embedding.weight.copy_(torch.from_numpy(vectors.matrix))
             rank_zero_info(f"{vectors.source}: {vectors.coverage(data.token_counts())}")

@@ -26,19 +26,22 @@ WORD2VEC = {"window": 5, "min_count": 2, "sg": 1, "negative": 5, "epochs": 5, "s
 VERSION = 1  # bump when the build changes, to invalidate caches
 
 
-def word_vectors(spec: str, data: Any, dim: int, seed: int) -> Vectors:
-    """The vectors ``spec`` names (a file, or ``word2vec``), matched to the data's vocabulary."""
+def word_vectors(spec: str, data: Any, dim: int, seed: int, epochs: int = WORD2VEC["epochs"]) -> Vectors:
+    """The vectors ``spec`` names (a file, or ``word2vec``, built in ``epochs`` passes), matched to the
+    data's vocabulary."""
     if spec == BUILD:
-        return built_word2vec(data, dim, seed)
+        return built_word2vec(data, dim, seed, epochs)
     return load_vectors(spec, data.vocab, dim=dim, seed=seed)
 
 
-def built_word2vec(data: Any, dim: int, seed: int) -> Vectors:
-    """word2vec on the data's sentences (cached); see the module docstring."""
+def built_word2vec(data: Any, dim: int, seed: int, epochs: int = WORD2VEC["epochs"]) -> Vectors:
+    """word2vec on the data's sentences (cached); see the module docstring. gensim's 5 passes suit
+    large corpora; a corpus of a few million words gives better vectors with more."""
+    settings = WORD2VEC | {"epochs": epochs}
     hp = data.hparams
     data.unlabeled_keys()  # tokenised first, so that its cache key is known
     identity = [data.cache_keys.get("train"), data.cache_keys.get("validation"), hp.val_fraction, hp.seed,
-                data.cache_keys.get("unlabeled"), dim, seed, WORD2VEC, VERSION]
+                data.cache_keys.get("unlabeled"), dim, seed, settings, VERSION]
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     stem = Path(hp.cache_dir) / f"word2vec-{key}"
     matrix_path, words_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
@@ -47,7 +50,7 @@ def built_word2vec(data: Any, dim: int, seed: int) -> Vectors:
         words = json.loads(words_path.read_text(encoding="utf-8"))
         vectors = np.load(matrix_path, allow_pickle=False)
     else:
-        words, vectors = _train(data, dim, seed)
+        words, vectors = _train(data, dim, seed, settings)
         matrix_path.parent.mkdir(parents=True, exist_ok=True)
         np.save(matrix_path, vectors, allow_pickle=False)
         words_path.write_text(json.dumps(words, ensure_ascii=False), encoding="utf-8")
@@ -64,7 +67,7 @@ class _Sentences:
         return self.data.sentences()
 
 
-def _train(data: Any, dim: int, seed: int) -> tuple[list[str], np.ndarray]:
+def _train(data: Any, dim: int, seed: int, settings: dict[str, Any]) -> tuple[list[str], np.ndarray]:
     from gensim.models import Word2Vec
     from gensim.models.callbacks import CallbackAny2Vec
     from tqdm.auto import tqdm
@@ -78,10 +81,9 @@ def _train(data: Any, dim: int, seed: int) -> tuple[list[str], np.ndarray]:
 
     corpus = _Sentences(data)
     workers = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
-    settings = {k: v for k, v in WORD2VEC.items() if k != "epochs"}
-    model = Word2Vec(vector_size=dim, seed=seed, workers=workers, **settings)
+    epochs, options = settings["epochs"], {k: v for k, v in settings.items() if k != "epochs"}
+    model = Word2Vec(vector_size=dim, seed=seed, workers=workers, **options)
     model.build_vocab(corpus)
-    with tqdm(total=WORD2VEC["epochs"], desc=f"word2vec ({len(model.wv):,} words, {dim} dimensions)",
-              unit="epoch") as bar:
-        model.train(corpus, total_examples=model.corpus_count, epochs=WORD2VEC["epochs"], callbacks=[Progress(bar)])
+    with tqdm(total=epochs, desc=f"word2vec ({len(model.wv):,} words, {dim} dimensions)", unit="epoch") as bar:
+        model.train(corpus, total_examples=model.corpus_count, epochs=epochs, callbacks=[Progress(bar)])
     return list(model.wv.index_to_key), np.asarray(model.wv.vectors, dtype=np.float32)
