@@ -382,7 +382,7 @@ def _refuse_missing_values(
     process instead, it can leave the process pool hanging on its way out (datasets' ``map``)."""
     import pyarrow.compute as pc
 
-    table = raw.with_format("arrow")[:] if raw._indices is not None else raw.data.table
+    table = raw.with_format("arrow")[:]  # a zero-copy slice unless rows were selected
     for column, what in ((text, "the text is NoneType, not a string"),
                          (label, f"a label must be {label_kind}, not None")):
         if column is not None and table.column(column).null_count:

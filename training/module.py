@@ -22,7 +22,7 @@ from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
 from training.nb_features import feature_count, nb_ratios
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
-from training.word_vectors import word_vectors
+from training.word_vectors import WORD2VEC, word_vectors
 
 
 class HANClassifier(pl.LightningModule):
@@ -87,7 +87,7 @@ class HANClassifier(pl.LightningModule):
         label_smoothing: float = 0.0,
         init_from: str | None = None,
         embeddings: str | None = "word2vec",
-        word2vec_epochs: int = 5,
+        word2vec_epochs: int = WORD2VEC["epochs"],
         freeze_embeddings: int = 1,
         nb_features: bool = False,
     ) -> None:

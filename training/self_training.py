@@ -79,11 +79,8 @@ def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
-    per_class = np.bincount(predicted[chosen], minlength=len(labels)) if chosen else np.zeros(len(labels), int)
     return {
         "unlabeled": total,
-        "scored": len(scored),
         "chosen": len(chosen),
-        "per_class": dict(zip(labels, per_class.tolist(), strict=True)),
         "min_confidence": float(confidence[chosen].min()) if chosen else None,
     }

@@ -34,7 +34,7 @@ def word_vectors(spec: str, data: Any, dim: int, seed: int, epochs: int = WORD2V
     return load_vectors(spec, data.vocab, dim=dim, seed=seed)
 
 
-def built_word2vec(data: Any, dim: int, seed: int, epochs: int = WORD2VEC["epochs"]) -> Vectors:
+def built_word2vec(data: Any, dim: int, seed: int, epochs: int) -> Vectors:
     """word2vec on the data's sentences (cached); see the module docstring. gensim's 5 passes suit
     large corpora; a corpus of a few million words gives better vectors with more."""
     settings = WORD2VEC | {"epochs": epochs}
