@@ -102,7 +102,7 @@ class JsonLinesFormat(OutputFormat):
     suffix = ".jsonl"
 
     def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        f.write("".join(json_line(rec) for rec in chunk.records()).encode("utf-8"))
+        write_jsonl(chunk.records(), f)
 
 
 class CsvFormat(OutputFormat):
@@ -111,12 +111,7 @@ class CsvFormat(OutputFormat):
     suffix = ".csv"
 
     def write_part(self, chunk: Chunk, f: IO[bytes]) -> None:
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        writer = csv.writer(text)
-        for rec in chunk.records():
-            writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for v in rec.values()])
-        text.flush()
-        text.detach()
+        write_csv(chunk.records(), f)
 
     def merge(self, parts: list[Path], f: IO[bytes]) -> None:
         text = io.TextIOWrapper(f, encoding="utf-8", newline="")
@@ -180,6 +175,23 @@ def concatenate(parts: list[Path], f: IO[bytes]) -> None:
     for part in parts:
         with open(part, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
+
+
+def write_jsonl(records: list[dict[str, Any]], f: IO[bytes]) -> None:
+    """Records as JSON Lines (both engines' output)."""
+    f.write("".join(json_line(rec) for rec in records).encode("utf-8"))
+
+
+def write_csv(records: list[dict[str, Any]], f: IO[bytes], header: list[str] | None = None) -> None:
+    """Records as CSV rows, list-valued cells as JSON text (both engines' output), after ``header``."""
+    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+    writer = csv.writer(text)
+    if header:
+        writer.writerow(header)
+    for rec in records:
+        writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for v in rec.values()])
+    text.flush()
+    text.detach()
 
 
 def json_line(value: Any) -> str:

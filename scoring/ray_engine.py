@@ -3,8 +3,9 @@
 Ray Data reads the input (a file, a folder or a glob; local or any pyarrow filesystem such as s3://)
 as a stream of blocks; ``map_batches`` sends them to an actor pool in which each actor loads the
 model once (``RayScorer``) and calls ``scoring.score.score_batch``, the function the local engine
-uses too. Ray retries a batch whose actor died and restarts the actor, so a killed worker loses
-and duplicates no rows. Output and errors are written as folders of part files.
+uses too, then writes the batch's rows with the local engine's writers (``scoring.formats``). Ray
+retries a batch whose actor died and restarts the actor, and the retry rewrites the same part files,
+so a killed worker loses and duplicates no rows. Output and errors are folders of part files.
 
 A distributed read has no global row index, so this engine needs ``--id-column`` to name rows:
 its output has ``id`` where the local engine has ``row`` (and ``id``). Ray is imported only here.
@@ -17,13 +18,14 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from scoring.score import ScoringOptions
 
 READERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json"}
-WRITERS = {".parquet": "write_parquet", ".jsonl": "write_json", ".csv": "write_csv"}
+FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".csv": "csv"}
 
 
 class RayEngineError(Exception):
@@ -37,13 +39,16 @@ class RayEngineError(Exception):
 class RayScorer:
     """One actor of the pool: loads the model once, then scores batches with ``score_batch``.
 
-    It returns the scored rows and writes a batch's bad rows itself, as one JSON Lines file in the
-    errors folder named after the batch's ids: the whole job is then one streaming pass (read, score,
-    write), and a batch that Ray retries after its actor died rewrites the same file, never a second.
+    It writes a batch's scored rows to the output folder and its bad rows to the errors folder itself,
+    each as one file named after the batch's ids, and returns only the two counts: the job is one
+    streaming pass with no write tasks (on 2 cores, the worker processes Ray starts for those cost
+    more than the writing), and a batch that Ray retries after its actor died rewrites the same
+    files, never a second set.
     """
 
     def __init__(
-        self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str
+        self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str,
+        output: str, fmt: str,
     ) -> None:
         from han.environment import apply_defaults, tune_process
         from scoring.score import make_pipeline
@@ -53,28 +58,52 @@ class RayScorer:
         self.pipeline = make_pipeline(model_dir, options)
         self.spec, self.options = spec, options
         self.text_column, self.id_column, self.errors = text_column, id_column, errors
+        self.output, self.fmt = output, fmt
 
     def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from scoring.score import score_batch
 
         table = score_batch(self.pipeline, batch, self.spec, self.options, self.text_column, self.id_column)
+        name = _batch_name(batch, self.id_column, self.text_column)
         bad = pc.is_valid(table["reason"])
-        if pc.any(bad).as_py():
-            self._write_errors(table.filter(bad).select(["id", "reason"]).to_pylist())
+        n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
+        if n_bad:
+            _write(self.errors, f"errors-{name}.jsonl", table.filter(bad).select(["id", "reason"]))
             table = table.filter(pc.invert(bad))
-        return table.drop_columns(["row", "reason"])
+        if len(table):
+            _write(self.output, f"part-{name}.{self.fmt}", table.drop_columns(["row", "reason"]))
+        return pa.table({"scored": [len(table)], "errors": [n_bad]})
 
-    def _write_errors(self, rows: list[dict[str, Any]]) -> None:
-        import hashlib
-        import json
 
-        fs, folder = _filesystem(self.errors)
-        fs.create_dir(folder, recursive=True)
-        digest = hashlib.sha1(json.dumps([r["id"] for r in rows]).encode()).hexdigest()[:20]
-        with fs.open_output_stream(f"{folder}/errors-{digest}.jsonl") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+def _batch_name(batch: Any, id_column: str, text_column: str) -> str:
+    """A name from the batch's ids and texts: the same for a retry of the batch, unlike any other batch's."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha1()
+    for column in dict.fromkeys([id_column, text_column]):
+        digest.update(json.dumps(batch[column].to_pylist(), default=str).encode())
+    return digest.hexdigest()[:24]
+
+
+def _write(folder: str, name: str, table: Any) -> None:
+    """``table`` as the file ``folder/name``, written as the local engine writes its output format."""
+    from scoring.formats import write_csv, write_jsonl
+
+    fs, path = _filesystem(folder)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{name}") as f:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, f)
+        elif name.endswith(".csv"):
+            write_csv(table.to_pylist(), f, header=table.column_names)
+        else:
+            write_jsonl(table.to_pylist(), f)
 
 
 def input_format(path: str, fmt: str | None) -> str:
@@ -87,18 +116,18 @@ def input_format(path: str, fmt: str | None) -> str:
     raise RayEngineError(f"{path}: cannot tell the input type from the name; pass --input-format parquet|csv|json")
 
 
-def output_writer(path: str) -> str:
-    for suffix, name in WRITERS.items():
+def output_format(path: str) -> str:
+    for suffix, name in FORMATS.items():
         if path.lower().rstrip("/").endswith(suffix):
             return name
-    raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(WRITERS)})")
+    raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(FORMATS)})")
 
 
 def check_paths(args: argparse.Namespace) -> None:
     """The input and output types known, and no earlier output in the way unless ``--overwrite``:
     checked before anything slow starts."""
     input_format(args.input, getattr(args, "input_format", None))
-    output_writer(args.output)
+    output_format(args.output)
     if not args.overwrite and (_exists(args.output) or _exists(errors_path(args.output))):
         raise RayEngineError(f"{args.output} already exists; pass --overwrite to replace it")
 
@@ -115,6 +144,9 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
     # The driver's own core worker logs errors to the terminal, among them one that Ray Data's actor
     # pools trigger on every run (ray-project/ray#53727: constructor arguments in the object store).
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    # Ray starts a worker per CPU for its first driver before any task asks for one; on 2 cores these
+    # compete with the actors' start-up, and Ray Data starts its own workers anyway (BENCHMARKS.md).
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
     if address:
         kwargs["address"] = address
@@ -123,8 +155,13 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> None:
     ray.init(**kwargs)
     import ray.data
 
+    # Ray Data's advice to split an input smaller than --window into more blocks is not for this job.
+    warnings.filterwarnings("ignore", message="The minimum number of concurrent actors", category=UserWarning)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = not quiet
+    # The V1 Parquet reader reads a few files' footers in the read tasks; V2 starts footer-reader
+    # actors first, two more worker processes (BENCHMARKS.md: han-score on Ray).
+    ctx.use_datasource_v2 = False
     ctx.print_on_execution_start = False
     # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
     for name in ("ray", "ray.data"):
@@ -146,7 +183,6 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
 
     started = time.monotonic()
     fmt = input_format(args.input, getattr(args, "input_format", None))
-    writer = output_writer(args.output)
     init_ray(args.address, args.num_cpus, args.quiet)
     model_dir, saved = model()
     try:
@@ -174,7 +210,8 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
     scored = ds.repartition(target_num_rows_per_block=args.window).map_batches(
         RayScorer,
-        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output)),
+        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output),
+                             args.output, output_format(args.output)),
         batch_size=args.window,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=concurrency),
@@ -186,11 +223,15 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     )
     for path in (args.output, errors_path(args.output)):  # --overwrite: only now that the job can start
         _remove(path)
+    fs, folder = _filesystem(args.output)
+    fs.create_dir(folder, recursive=True)  # the output folder exists even when no row could be scored
+    n_scored = n_errors = 0
     try:
-        # One streaming pass: blocks are read, scored and written as they come, none held.
-        getattr(scored, writer)(args.output, ray_remote_args={"num_cpus": 0.1})
-        n_errors = _count_rows(errors_path(args.output), "json")
-        n_scored = _count_rows(args.output, writer.removeprefix("write_"))
+        # One streaming pass: blocks are read, scored and written by the actors as they come; what
+        # reaches this process is each batch's two counts (only a batch's successful attempt counts).
+        for counts in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
+            n_scored += sum(counts.column("scored").to_pylist())
+            n_errors += sum(counts.column("errors").to_pylist())
     except Exception as e:
         raise RayEngineError(f"the Ray job failed: {_one_line(e)}", code=1) from None
     elapsed = time.monotonic() - started
@@ -234,16 +275,6 @@ def _remove(path: str) -> None:
         fs.delete_file(p)
 
 
-def _count_rows(path: str, fmt: str) -> int:
-    """Rows written to a folder of part files (Parquet: from the footers); 0 if there is none."""
-    import pyarrow.dataset as pds
-
-    if not _exists(path):
-        return 0
-    fs, p = _filesystem(path)
-    return pds.dataset(p, format=fmt, filesystem=fs).count_rows()
-
-
 def errors_path(output: str) -> str:
     return output.rstrip("/") + ".errors"
 
@@ -258,5 +289,14 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]
+    """The error that started it, on one line: Ray's own error around a task's is the task's stack as
+    text, in which the first ``SomeError: message`` not raised by Ray is the cause."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Invalid)\b[^:]*: ", line) and not line.startswith("ray."):
+            text = " ".join([line, *lines[i + 1 : i + 3]]).split("The above exception")[0]
+            break
+    return (" ".join(text.split()) or type(e).__name__)[:300]

@@ -4,6 +4,7 @@ local engine, a kill -9 of a scoring actor mid-job, and one-line errors."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -76,6 +77,32 @@ def test_every_row_once_and_same_as_local_engine(tmp_path: Path, tiny_model_dir:
             if key.startswith("score_"):
                 assert abs(other[key] - row[key]) <= 1e-6, (row["id"], key)
         assert set(other) == set(row) - {"row"}
+
+
+def test_csv_with_explanations_is_written_as_the_local_engine_writes_it(
+    tmp_path: Path, tiny_model_dir: Path, local_ray: None
+) -> None:
+    """CSV cannot hold the explanation lists as such: both engines write them as JSON text."""
+    import csv
+
+    n = 300
+    src = _input(tmp_path / "in.parquet", n)
+    common = ["--model", str(tiny_model_dir), "--id-column", "doc_id", "--explain", "--quiet"]
+    assert main([str(src), str(tmp_path / "ray.csv"), "--engine", "ray", "--window", "100", *common]) == 0
+    assert main([str(src), str(tmp_path / "local.csv"), "--workers", "1", *common]) == 0
+    ray_rows = []
+    for part in sorted((tmp_path / "ray.csv").glob("part-*.csv")):
+        with part.open(newline="", encoding="utf-8") as f:
+            ray_rows += list(csv.DictReader(f))
+    with (tmp_path / "local.csv").open(newline="", encoding="utf-8") as f:
+        local_rows = list(csv.DictReader(f))
+    assert len(ray_rows) == len(local_rows) == n - sum(1 for i in range(n) if i % 97 == 5)
+    by_id = {r["id"]: r for r in ray_rows}
+    for row in local_rows:
+        other = by_id[row["id"]]
+        assert set(other) == set(row) - {"row"}
+        assert other["label"] == row["label"] and other["top_words"] == row["top_words"]
+        assert json.loads(other["top_sentences"]) == json.loads(row["top_sentences"])
 
 
 def _actor_pids() -> list[int]:
