@@ -40,7 +40,7 @@ class RayScorer:
     """One actor of the pool: loads the model once, then scores batches with ``score_batch``.
 
     It writes a batch's scored rows to the output folder and its bad rows to the errors folder itself,
-    each as one file named after the batch's ids, and returns only the two counts: the job is one
+    each as one file named after the batch's ids and texts, and returns only the two counts: the job is one
     streaming pass with no write tasks (on 2 cores, the worker processes Ray starts for those cost
     more than the writing), and a batch that Ray retries after its actor died rewrites the same
     files, never a second set.
@@ -234,6 +234,14 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
             n_errors += sum(counts.column("errors").to_pylist())
     except Exception as e:
         raise RayEngineError(f"the Ray job failed: {_one_line(e)}", code=1) from None
+    # Part files are named after their batch's ids and texts, so two identical batches (the same
+    # rows twice in the input) would share one file: count what was written (Parquet: the footers).
+    written = _count_rows(args.output, output_format(args.output))
+    if written != n_scored:
+        raise RayEngineError(
+            f"{args.output} holds {written:,} rows but {n_scored:,} were scored: the input repeats whole batches "
+            "of rows (the same ids and texts); give each row a unique --id-column", code=1,
+        )
     elapsed = time.monotonic() - started
     return {
         "engine": "ray",
@@ -273,6 +281,19 @@ def _remove(path: str) -> None:
         fs.delete_dir(p)
     elif kind == pafs.FileType.File:
         fs.delete_file(p)
+
+
+def _count_rows(path: str, fmt: str) -> int:
+    """Rows in a folder of part files (parquet, jsonl or csv); 0 if there is none."""
+    import pyarrow.csv as pacsv
+    import pyarrow.dataset as pds
+
+    if not _exists(path):
+        return 0
+    fs, p = _filesystem(path)
+    # CSV cells hold explanation texts, which may hold line breaks.
+    kind = {"jsonl": "json", "csv": pds.CsvFileFormat(parse_options=pacsv.ParseOptions(newlines_in_values=True))}
+    return pds.dataset(p, format=kind.get(fmt, fmt), filesystem=fs).count_rows()
 
 
 def errors_path(output: str) -> str:

@@ -105,6 +105,20 @@ def test_csv_with_explanations_is_written_as_the_local_engine_writes_it(
         assert json.loads(other["top_sentences"]) == json.loads(row["top_sentences"])
 
 
+def test_an_input_that_repeats_a_whole_batch_is_an_error_not_a_silent_loss(
+    tmp_path: Path, tiny_model_dir: Path, local_ray: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two identical batches would share one part file: the job says so instead of reporting them scored."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _input(folder / "a.parquet", 100)
+    _input(folder / "b.parquet", 100)  # the same ids and texts again
+    rc = main([str(folder), str(tmp_path / "o.parquet"), "--engine", "ray", "--input-format", "parquet", "--model",
+               str(tiny_model_dir), "--id-column", "doc_id", "--window", "100", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "unique --id-column" in err and len(err.splitlines()) == 1, err
+
+
 def _actor_pids() -> list[int]:
     import psutil
 
