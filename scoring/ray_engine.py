@@ -25,7 +25,6 @@ from typing import Any
 from scoring.score import ScoringOptions
 
 READERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json"}
-FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".csv": "csv"}
 
 
 class RayEngineError(Exception):
@@ -117,10 +116,13 @@ def input_format(path: str, fmt: str | None) -> str:
 
 
 def output_format(path: str) -> str:
-    for suffix, name in FORMATS.items():
+    """parquet, jsonl or csv: the local engine's output types (``scoring.formats``), from the name."""
+    from scoring.formats import OUTPUT_FORMATS
+
+    for suffix in OUTPUT_FORMATS:
         if path.lower().rstrip("/").endswith(suffix):
-            return name
-    raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(FORMATS)})")
+            return suffix.lstrip(".")
+    raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(OUTPUT_FORMATS)})")
 
 
 def check_paths(args: argparse.Namespace) -> None:
@@ -177,6 +179,7 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     ``model`` returns the model directory and the loaded ``SavedModel`` (it is loading while Ray starts);
     the caller has run ``check_paths``.
     """
+    import pyarrow.fs as pafs
     import ray.data
 
     from scoring.formats import OutputSpec
@@ -225,22 +228,24 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
         _remove(path)
     fs, folder = _filesystem(args.output)
     fs.create_dir(folder, recursive=True)  # the output folder exists even when no row could be scored
-    n_scored = n_errors = 0
+    n_scored = n_errors = n_parts = 0
     try:
         # One streaming pass: blocks are read, scored and written by the actors as they come; what
         # reaches this process is each batch's two counts (only a batch's successful attempt counts).
         for counts in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
-            n_scored += sum(counts.column("scored").to_pylist())
+            scored_per_batch = counts.column("scored").to_pylist()
+            n_scored += sum(scored_per_batch)
+            n_parts += sum(1 for n in scored_per_batch if n)  # a batch with scored rows writes one part file
             n_errors += sum(counts.column("errors").to_pylist())
     except Exception as e:
         raise RayEngineError(f"the Ray job failed: {_one_line(e)}", code=1) from None
     # Part files are named after their batch's ids and texts, so two identical batches (the same
-    # rows twice in the input) would share one file: count what was written (Parquet: the footers).
-    written = _count_rows(args.output, output_format(args.output))
-    if written != n_scored:
+    # rows twice in the input) would share one file: a listing of the folder shows it.
+    files = len(fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
+    if files != n_parts:
         raise RayEngineError(
-            f"{args.output} holds {written:,} rows but {n_scored:,} were scored: the input repeats whole batches "
-            "of rows (the same ids and texts); give each row a unique --id-column", code=1,
+            f"{args.output}: {n_parts - files:,} batches of rows repeat earlier ones (the same ids and texts) and "
+            "share their part file; give each row a unique --id-column", code=1,
         )
     elapsed = time.monotonic() - started
     return {
@@ -281,19 +286,6 @@ def _remove(path: str) -> None:
         fs.delete_dir(p)
     elif kind == pafs.FileType.File:
         fs.delete_file(p)
-
-
-def _count_rows(path: str, fmt: str) -> int:
-    """Rows in a folder of part files (parquet, jsonl or csv); 0 if there is none."""
-    import pyarrow.csv as pacsv
-    import pyarrow.dataset as pds
-
-    if not _exists(path):
-        return 0
-    fs, p = _filesystem(path)
-    # CSV cells hold explanation texts, which may hold line breaks.
-    kind = {"jsonl": "json", "csv": pds.CsvFileFormat(parse_options=pacsv.ParseOptions(newlines_in_values=True))}
-    return pds.dataset(p, format=kind.get(fmt, fmt), filesystem=fs).count_rows()
 
 
 def errors_path(output: str) -> str:
