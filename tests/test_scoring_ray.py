@@ -180,3 +180,44 @@ def test_missing_column_and_bad_model_stop_in_one_line(
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "already exists" in err and "--overwrite" in err and len(err.splitlines()) == 1
     assert (tmp_path / "done.parquet" / "part-0.parquet").read_bytes() == b"earlier"
+
+
+def test_ray_workers_run_at_the_drivers_priority(local_ray: None) -> None:
+    """Ray's default nice 15 starved the actors beside any other busy process (BENCHMARKS.md)."""
+
+    @ray.remote(num_cpus=0.1)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)
+
+
+def test_a_run_that_starts_ray_stops_every_ray_process_it_started(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """han-score on its own local Ray: when it exits, none of that Ray's processes (found by its temporary
+    folder, which every one of them names) is left running."""
+    import tempfile
+
+    import psutil
+
+    src = _input(tmp_path / "in.parquet", 300)
+    ray_tmp = tempfile.mkdtemp(prefix="hr", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+
+    def ray_processes() -> list[str]:
+        found = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if ray_tmp in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(cmd[:120])
+        return found
+
+    seen: list[str] = []
+    job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.parquet"), "--engine", "ray",
+                            "--num-cpus", "2", "--model", str(tiny_model_dir), "--id-column", "doc_id", "--quiet"],
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    while job.poll() is None:
+        seen = seen or ray_processes()
+        time.sleep(0.2)
+    assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+    assert seen, "the run's Ray processes were never seen: the check below would prove nothing"
+    time.sleep(1)  # a worker told to exit may still be on its way out
+    assert ray_processes() == []
