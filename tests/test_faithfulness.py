@@ -71,3 +71,24 @@ def test_attention_finds_the_word_and_scores_what_removing_it_does() -> None:
         random["comprehensiveness"][0] < 0.1 and random["comprehensiveness_aopc"] < attention["comprehensiveness_aopc"]
     )
     assert random["sufficiency_aopc"] > 0.3
+
+
+def test_the_random_rankings_sentence_deletion_is_its_expectation_not_one_draw() -> None:
+    """Removing a random sentence removes the word's sentence with probability 1/n: the random baseline's
+    drop and flip rate are exactly that expectation (one draw per document made them too noisy to divide by)."""
+    pipeline = Pipeline(one_word_model())
+    texts = [
+        "The plot was long and the film was long. The acting was superb. The music, the scene, the cast.",
+        "Superb. The story was long, the film was long, the plot was long, the cast was long.",
+        "The film. The plot. The story. The superb acting. The music. The scene.",
+    ]
+    sentences = [3, 2, 6]
+    assert [len(s.lengths) for s in pipeline.segment(texts)] == sentences
+    p = [r.scores["pos"] for r in pipeline(texts)]
+    p_without = pipeline(["The plot was long."])[0].scores["pos"]
+    random = evaluate_faithfulness(pipeline, texts, methods=["attention"], tau_documents=0)["methods"]["random"]
+    expected = sum((pd - p_without) / n for pd, n in zip(p, sentences, strict=True)) / len(texts)
+    assert random["top1_sentence_drop"] == pytest.approx(expected, abs=1e-4)
+    assert random["top1_sentence_flip_rate"] == pytest.approx((1 / 3 + 1 / 2 + 1 / 6) / 3)
+    # Removing three sentences removes all of the first two texts; of the six, every 3-set, half with the word.
+    assert random["top3_sentence_flip_rate"] == pytest.approx((1 + 1 + 0.5) / 3)
