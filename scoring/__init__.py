@@ -1,6 +1,7 @@
 """``han-score``: classify every row of a large file, streaming, sharded and resumable.
 
-    cli.py       arguments, the checks that run before any work, exit codes
+    cli.py       the command: the checks that run before any work, exit codes
+    arguments.py its arguments (standard library only)
     read.py      streaming Parquet, CSV or JSON Lines input
     score.py     the one scoring function: a window of texts in, output columns out (han.Pipeline)
     workers.py   the scoring processes (concurrent.futures)

@@ -1,8 +1,6 @@
 """``python -m scoring`` is ``han-score``."""
 
-import sys
-
-from scoring.cli import main
+from scoring.cli import command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -193,8 +193,8 @@ def test_ray_workers_run_at_the_drivers_priority(local_ray: None) -> None:
 
 
 def test_a_run_that_starts_ray_stops_every_ray_process_it_started(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """han-score on its own local Ray: when it exits, none of that Ray's processes (found by its temporary
-    folder, which every one of them names) is left running."""
+    """han-score on its own local Ray: when it exits (without Python's teardown), its summary is out and
+    none of that Ray's processes (found by its temporary folder, which every one of them names) is left."""
     import tempfile
 
     import psutil
@@ -212,12 +212,16 @@ def test_a_run_that_starts_ray_stops_every_ray_process_it_started(tmp_path: Path
 
     seen: list[str] = []
     job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.parquet"), "--engine", "ray",
-                            "--num-cpus", "2", "--model", str(tiny_model_dir), "--id-column", "doc_id", "--quiet"],
+                            "--num-cpus", "2", "--model", str(tiny_model_dir), "--id-column", "doc_id",
+                            "--summary-json", str(tmp_path / "summary.json")],
                            stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_TMPDIR": ray_tmp})
     while job.poll() is None:
         seen = seen or ray_processes()
         time.sleep(0.2)
-    assert job.returncode == 0, job.stderr.read() if job.stderr else ""
+    err = job.stderr.read() if job.stderr else ""
+    assert job.returncode == 0, err
+    assert "han-score (ray): 300 rows" in err.splitlines()[-1]
+    assert json.loads((tmp_path / "summary.json").read_text())["rows"] == 300
     assert seen, "the run's Ray processes were never seen: the check below would prove nothing"
     time.sleep(1)  # a worker told to exit may still be on its way out
     assert ray_processes() == []

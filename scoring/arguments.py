@@ -1,0 +1,112 @@
+"""han-score's command line: its arguments and their checks (standard library only: see ``scoring.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+EXPLAIN_METHODS = ("attention", "attention_gradient", "integrated_gradients", "occlusion")  # han.attribution.METHODS
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
+
+
+def default_workers() -> int:
+    """The usable cores, at most 16. Counted here rather than with ``han.environment.usable_cores``:
+    importing ``han`` imports torch and spaCy, seconds that must come after the workers are spawned
+    (so that their own imports overlap) and never before --help or a Ctrl-C handler."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 16))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="han-score",
+        description="Classify every row of a Parquet, CSV or JSON Lines file with a HAN model. "
+        "Output type follows OUTPUT's extension (.parquet, .jsonl, .csv): one row per scored input row, "
+        "in input order, with the row index, the id (--id-column), the label(s) and every label's score. "
+        "Rows that cannot be scored go to OUTPUT.errors.jsonl.",
+    )
+    p.add_argument("input", metavar="INPUT", help="a .parquet, .csv or .jsonl file (read as a stream)")
+    p.add_argument("output", metavar="OUTPUT", help="the .parquet, .jsonl or .csv file to write")
+    p.add_argument("--model", help="BentoML model tag or model directory (default: $HAN_MODEL_TAG or han-imdb:latest)")
+    p.add_argument("--text-column", default="text", help="column holding the document text (default: text)")
+    p.add_argument("--id-column", help="column to copy into the output as 'id' (the row index is always written)")
+    p.add_argument(
+        "--explain",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also write the top sentences and words with their weights (default: no)",
+    )
+    p.add_argument(
+        "--explain-method",
+        choices=EXPLAIN_METHODS,
+        default="attention",
+        help="how explanations weigh sentences and words (default: attention); the others are signed: "
+        "positive for the label, negative against it",
+    )
+    p.add_argument("--top-sentences", type=_positive, default=3, help="sentences per explanation (default: 3)")
+    p.add_argument("--top-words", type=_positive, default=5, help="words per explanation (default: 5)")
+    p.add_argument("--batch-size", type=_positive, default=64, help="documents per model batch (default: 64)")
+    p.add_argument(
+        "--num-shards",
+        type=_positive,
+        default=1,
+        help="split the input across N independent runs: row i belongs to shard i %% N (default: 1)",
+    )
+    p.add_argument("--shard-index", type=_non_negative, default=0, help="which shard this run scores (0..N-1)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last committed chunk")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output or partial run")
+    p.add_argument(
+        "--chunk-size",
+        type=_positive,
+        default=5_000,
+        help="input rows per atomically committed chunk: the most work a kill can lose (default: 5000)",
+    )
+    p.add_argument(
+        "--window",
+        type=_positive,
+        default=500,
+        help="rows scored together by one process, length-sorted into batches (default: 500)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="scoring processes, this one included; each segments and runs the model on whole windows "
+        f"(default: the usable cores, here {default_workers()})",
+    )
+    p.add_argument("--threads", type=_positive, default=1, help="torch threads per scoring process (default: 1)")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine's worker processes (default); ray: Ray Data, locally or on a cluster "
+        "(needs `pip install .[ray]` and --id-column; INPUT may be a folder, a glob or s3://...; "
+        "OUTPUT is a folder of part files)",
+    )
+    p.add_argument("--address", help="--engine ray: the cluster to join (auto, ray://HOST:PORT); default: Ray here")
+    p.add_argument("--concurrency", type=_positive, help="--engine ray: scoring actors (default: the cluster's CPUs)")
+    p.add_argument("--num-cpus", type=_positive, help="--engine ray without --address: CPUs for local Ray")
+    p.add_argument(
+        "--input-format",
+        choices=("parquet", "csv", "json"),
+        help="--engine ray: the input type when INPUT's name does not tell it (a folder)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON to FILE")
+    return p
