@@ -127,23 +127,21 @@ def _sentence_deletion(
 ) -> tuple[float, float]:
     """The mean drop in p(label), and the share of flipped labels, over documents, each averaged over its
     removals (sets of sentence indices)."""
-    variants, owner = [], []
-    for i, ((ids, lengths), sets) in enumerate(zip(encoded, removals, strict=True)):
+    variants = []
+    for (ids, lengths), sets in zip(encoded, removals, strict=True):
         doc = _split(ids, lengths)
         for gone in sets:
-            gone_set = set(np.asarray(gone).tolist())
-            variants.append([s for j, s in enumerate(doc) if j not in gone_set])
-            owner.append(i)
-    owner_ = np.array(owner)
+            variants.append([s for j, s in enumerate(doc) if j not in set(gone.tolist())])
+    owner = np.repeat(np.arange(len(encoded)), [len(sets) for sets in removals])  # each variant's document
     after = np.zeros(len(variants))
     flipped = np.zeros(len(variants))
     for chunk, output in pipeline.forward([_encode(d) for d in variants]):
         probs = pipeline.scores(output.logits)
-        after[chunk] = probs[np.arange(len(chunk)), label[owner_[chunk]]]
-        flipped[chunk] = probs.argmax(1) != label[owner_[chunk]]
-    count = np.bincount(owner_, minlength=len(encoded))
-    drop = np.bincount(owner_, weights=p[owner_] - after, minlength=len(encoded)) / count
-    flip = np.bincount(owner_, weights=flipped, minlength=len(encoded)) / count
+        after[chunk] = probs[np.arange(len(chunk)), label[owner[chunk]]]
+        flipped[chunk] = probs.argmax(1) != label[owner[chunk]]
+    count = np.bincount(owner, minlength=len(encoded))
+    drop = np.bincount(owner, weights=p[owner] - after, minlength=len(encoded)) / count
+    flip = np.bincount(owner, weights=flipped, minlength=len(encoded)) / count
     return float(drop.mean()), float(flip.mean())
 
 

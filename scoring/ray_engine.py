@@ -190,11 +190,12 @@ def stop_ray() -> None:
     of 2.2 s, and without the 0.5 s pause of the shutdown Ray runs at interpreter exit.
     """
     import ray
+    from ray._private.ray_constants import PROCESS_TYPE_MONITOR
 
     if not ray.is_initialized():
         return
-    node = getattr(ray._private.worker, "_global_node", None)  # None when joined to a cluster
-    monitors = getattr(node, "all_processes", {}).get("monitor", [])
+    node = getattr(ray._private.worker, "_global_node", None)  # no processes of its own when joined to a cluster
+    monitors = getattr(node, "all_processes", {}).get(PROCESS_TYPE_MONITOR, [])
     for info in monitors:
         if info.process.poll() is None:
             info.process.kill()

@@ -211,14 +211,16 @@ def test_a_run_that_starts_ray_stops_every_ray_process_it_started(tmp_path: Path
         return found
 
     seen: list[str] = []
-    job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.parquet"), "--engine", "ray",
-                            "--num-cpus", "2", "--model", str(tiny_model_dir), "--id-column", "doc_id",
-                            "--summary-json", str(tmp_path / "summary.json")],
-                           stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_TMPDIR": ray_tmp})
-    while job.poll() is None:
-        seen = seen or ray_processes()
-        time.sleep(0.2)
-    err = job.stderr.read() if job.stderr else ""
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: the progress bars must never block on a full pipe
+    with log.open("w") as stderr:
+        job = subprocess.Popen([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.parquet"), "--engine",
+                                "ray", "--num-cpus", "2", "--model", str(tiny_model_dir), "--id-column", "doc_id",
+                                "--summary-json", str(tmp_path / "summary.json")],
+                               stderr=stderr, text=True, env={**os.environ, "RAY_TMPDIR": ray_tmp})
+        while job.poll() is None:
+            seen = seen or ray_processes()
+            time.sleep(0.2)
+    err = log.read_text()
     assert job.returncode == 0, err
     assert "han-score (ray): 300 rows" in err.splitlines()[-1]
     assert json.loads((tmp_path / "summary.json").read_text())["rows"] == 300
