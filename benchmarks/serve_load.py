@@ -43,6 +43,7 @@ from service.process import free_port, start_server, stop_process_group, wait_re
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
+REST_SECONDS = 2.0  # the worker RSS is read again this long after the load: a worker idle 1 s gives freed memory back
 
 
 
@@ -311,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
             for error in result["first_errors"]:
                 print(f"    error: {error}")
         results["worker_rss_mb"] = round(server.worker_rss_mb())
-        print(f"\nlargest serving worker RSS after the runs: {results['worker_rss_mb']} MB")
+        time.sleep(REST_SECONDS)
+        results["worker_rss_at_rest_mb"] = round(server.worker_rss_mb())
+        print(f"\nlargest serving worker RSS after the runs: {results['worker_rss_mb']} MB, "
+              f"{REST_SECONDS:.0f} s later {results['worker_rss_at_rest_mb']} MB")
     finally:
         server.stop()
     results["machine"]["load_average_after"] = os.getloadavg()
@@ -328,7 +332,7 @@ def compare(
     versions = [("previous", args.compare_with.resolve()), ("this", REPO)]
     figures: dict[str, list[dict]] = {name: [] for name, _ in versions}
     header = f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}"
-    print(header + f"{'worker RSS MB':>15}")
+    print(header + f"{'worker RSS MB':>15}{'at rest':>9}")
     for round_ in range(1, args.rounds + 1):
         for name, repo in versions:
             server = Server(tag, args.workers, args.service, extra_env, repo=repo)
@@ -338,6 +342,8 @@ def compare(
                 one = measured(server, single, 1)
                 many = measured(server, load, args.clients)
                 rss = server.worker_rss_mb()
+                time.sleep(REST_SECONDS)
+                rest = server.worker_rss_mb()
             finally:
                 server.stop()
             figures[name].append(
@@ -347,11 +353,12 @@ def compare(
                     "errors": many["errors"],
                     "single_p50_ms": one["p50_ms"],
                     "worker_rss_mb": round(rss),
+                    "worker_rss_at_rest_mb": round(rest),
                 }
             )
             print(
                 f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['errors']:>8}"
-                f"{one['p50_ms']:>14}{round(rss):>15}",
+                f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}",
                 flush=True,
             )
     ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures["previous"], figures["this"], strict=True)]

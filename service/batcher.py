@@ -19,6 +19,7 @@ import anyio
 T = TypeVar("T")
 R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
+IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
 
 
 class RequestBatcher(Generic[T, R]):
@@ -28,7 +29,8 @@ class RequestBatcher(Generic[T, R]):
     exception, which is raised to that request alone). A request that arrives while the model is
     idle is run at once; the ones that arrive during a batch are queued and run together next,
     up to ``max_items`` items (a larger request runs alone). ``on_batch(requests, items)`` is
-    called for each batch (metrics).
+    called for each batch (metrics); ``on_idle()`` once the queue has been empty for
+    ``idle_seconds`` (in the worker thread, never beside a batch; a request cancels the wait).
     """
 
     def __init__(
@@ -37,11 +39,16 @@ class RequestBatcher(Generic[T, R]):
         size: Callable[[T], int] = lambda _: 1,
         max_items: int = MAX_BATCH_DOCUMENTS,
         on_batch: Callable[[int, int], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.run = run
         self.size = size
         self.max_items = max_items
         self.on_batch = on_batch
+        self.on_idle = on_idle
+        self.idle_seconds = idle_seconds
+        self._idle: asyncio.Task[None] | None = None
         self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._limiter = anyio.CapacityLimiter(1)
@@ -49,11 +56,28 @@ class RequestBatcher(Generic[T, R]):
     async def __call__(self, request: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._drain())
         return await future
 
+    async def _wait_idle(self) -> None:
+        await asyncio.sleep(self.idle_seconds)
+        if self.on_idle is not None and not self._queue:
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(self.on_idle, limiter=self._limiter)
+
     async def _drain(self) -> None:
+        try:
+            await self._run_queue()
+        finally:
+            if self.on_idle is not None and not self._queue:
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    self._idle = asyncio.get_running_loop().create_task(self._wait_idle())
+
+    async def _run_queue(self) -> None:
         while self._queue:
             batch = [self._queue.popleft()]
             items = self.size(batch[0][0])

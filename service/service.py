@@ -18,7 +18,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 import han
-from han.environment import apply_defaults, tune_process
+from han.environment import apply_defaults, release_free_memory, tune_process
 from model_store import MODEL_TAG_ENV, default_model_tag
 from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
 from service.batcher import RequestBatcher, observe_batch
@@ -70,7 +70,8 @@ class HANClassifier:
         saved = han.SavedModel.load(stored.path)
         self.pipeline = han.Pipeline(saved)
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.InvalidDocumentError] = RequestBatcher(
-            self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch
+            self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
+            on_idle=release_free_memory,  # an idle worker gives a burst's freed memory back
         )
         self.info = model_info(str(stored.tag), stored.info.creation_time.isoformat(), saved)
 

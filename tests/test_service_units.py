@@ -124,6 +124,53 @@ def test_batcher_drops_callers_that_went_away():
     assert seen == [1, 3]
 
 
+def test_batcher_runs_on_idle_once_after_a_quiet_spell_never_between_close_requests():
+    idle_calls: list[float] = []
+    threads: list[str] = []
+
+    def run(requests: list[int]) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return requests
+
+    def on_idle() -> None:
+        idle_calls.append(time.perf_counter())
+        threads.append(threading.current_thread().name)
+
+    async def scenario() -> tuple[int, int, int]:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.2)
+        loop_thread = threading.current_thread().name
+        for i in range(5):  # requests 0.05 s apart: never idle for 0.2 s
+            await batcher(i)
+            await asyncio.sleep(0.05)
+        during = len(idle_calls)
+        await asyncio.sleep(0.4)  # quiet: the idle work runs, once
+        after_quiet = len(idle_calls)
+        await batcher(9)
+        await asyncio.sleep(0.05)
+        assert loop_thread not in threads  # the idle work runs in the worker thread, like a batch
+        return during, after_quiet, len(idle_calls)
+
+    assert run_async(scenario()) == (0, 1, 1)
+
+
+def test_release_free_memory_gives_a_freed_heap_back_to_the_kernel():
+    """The idle work of a serving worker: after a burst's buffers are freed, RSS falls (glibc only)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("malloc_trim is glibc's")
+    code = (
+        "import ctypes, psutil\n"
+        "from han.environment import release_free_memory, tune_process\n"
+        "tune_process(1)\n"  # freed memory stays on the heap (32 MB trim threshold)
+        "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
+        "blocks = [libc.malloc(64 << 10) for _ in range(800)]\n"  # 50 MB in blocks under the mmap threshold
+        "for b in blocks: ctypes.memset(b, 1, 64 << 10)\n"
+        "for b in blocks[:-1]: libc.free(ctypes.c_void_p(b))\n"  # the last block pins the heap's top
+        "rss = lambda: psutil.Process().memory_info().rss\n"
+        "held = rss(); release_free_memory(); print(held - rss())\n"
+    )
+    freed = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert freed > 30 << 20
+
 def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRequest):
     pipeline = han.Pipeline(han.SavedModel.load(tiny_model_dir_quickly(request)))
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
