@@ -225,8 +225,8 @@ def _run_job(
 
 
 def _run_ray(args: argparse.Namespace) -> int:
-    """--engine ray: the model is loaded and checked here (one line if bad) while Ray starts, then
-    Ray Data does the rest."""
+    """--engine ray: the model is loaded and checked here (one line if bad) while Ray Data samples the
+    input, then Ray Data does the rest."""
     if args.num_shards != 1 or args.resume or args.chunk_size != 5_000:
         raise BatchError("--num-shards, --shard-index, --resume and --chunk-size are for --engine local only")
     try:
@@ -239,16 +239,10 @@ def _run_ray(args: argparse.Namespace) -> int:
         ray_engine.check_paths(args)
     except ray_engine.RayEngineError as e:
         raise BatchError(str(e), code=e.code) from None
-    from concurrent.futures import ThreadPoolExecutor
-
-    # Loading the model (importing torch and spaCy) and starting Ray (its processes) take seconds
-    # each and overlap: the thread imports while ray.init waits for Ray's processes.
-    with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
-        loading = pool.submit(_resolve_model, args.model)
-        try:
-            summary = ray_engine.run(args, loading.result)
-        except ray_engine.RayEngineError as e:
-            raise BatchError(str(e), code=e.code) from None
+    try:
+        summary = ray_engine.run(args, lambda: _resolve_model(args.model))
+    except ray_engine.RayEngineError as e:
+        raise BatchError(str(e), code=e.code) from None
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if not args.quiet:

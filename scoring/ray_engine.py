@@ -205,7 +205,7 @@ def stop_ray() -> None:
 def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[str, Any]:
     """Score ``args.input`` into ``args.output`` (a folder of part files) and ``OUTPUT.errors``; the summary.
 
-    ``model`` returns the model directory and the loaded ``SavedModel`` (it is loading while Ray starts);
+    ``model`` loads the model: its directory and ``SavedModel`` (called while Ray Data samples the input);
     the caller has run ``check_paths``. Ray, when started here, is stopped before this returns.
     """
     started = time.monotonic()
@@ -219,21 +219,31 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
 
 
 def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: str, started: float) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.fs as pafs
     import ray.data
 
     from scoring.formats import OutputSpec
 
-    model_dir, saved = model()
-    try:
-        read = getattr(ray.data, f"read_{fmt}")
-        # Reads take a tenth of a CPU: the actors hold the rest, and a read that waited for a whole
-        # CPU would never run on a machine whose every core holds an actor (the job would hang).
-        extra: dict[str, Any] = {"file_extensions": None} if fmt == "json" else {}
-        ds = read(args.input, num_cpus=0.1, **extra)
-        schema = ds.schema()
-    except Exception as e:
-        raise RayEngineError(f"cannot read {args.input}: {_one_line(e)}") from None
+    # The model loads (torch and spaCy imported) while Ray Data samples the input in a Ray worker;
+    # beside ray.init it slowed Ray's start-up as much as it saved (BENCHMARKS.md).
+    with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
+        loading = pool.submit(model)
+        try:
+            read = getattr(ray.data, f"read_{fmt}")
+            # Reads take a tenth of a CPU: the actors hold the rest, and a read that waited for a whole
+            # CPU would never run on a machine whose every core holds an actor (the job would hang).
+            extra: dict[str, Any] = {"file_extensions": None} if fmt == "json" else {}
+            ds = read(args.input, num_cpus=0.1, **extra)
+            schema = ds.schema()
+        except Exception as e:
+            read_error = f"cannot read {args.input}: {_one_line(e)}"
+        else:
+            read_error = None
+        model_dir, saved = loading.result()  # a bad model's one-line error first
+    if read_error:
+        raise RayEngineError(read_error)
     names = list(schema.names) if schema is not None else []
     for column in dict.fromkeys([args.text_column, args.id_column]):
         if column not in names:

@@ -182,6 +182,21 @@ def test_missing_column_and_bad_model_stop_in_one_line(
     assert (tmp_path / "done.parquet" / "part-0.parquet").read_bytes() == b"earlier"
 
 
+def test_the_driver_starts_ray_before_importing_torch_and_spacy() -> None:
+    """Ray's start-up and the model's load (torch, spaCy) each take seconds on 2 cores: han-score starts
+    Ray first and loads the model while Ray Data samples the input, so starting Ray must not import them."""
+    code = (
+        "import sys\n"
+        "from scoring import ray_engine\n"
+        "ray_engine.init_ray(None, 2, True)\n"
+        "heavy = sorted(m for m in ('torch', 'spacy') if m in sys.modules)\n"
+        "ray_engine.stop_ray()\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "none"
+
+
 def test_ray_workers_run_at_the_drivers_priority(local_ray: None) -> None:
     """Ray's default nice 15 starved the actors beside any other busy process (BENCHMARKS.md)."""
 
