@@ -226,8 +226,8 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
 
     from scoring.formats import OutputSpec
 
-    # The model loads (torch and spaCy imported) while Ray Data samples the input in a Ray worker;
-    # beside ray.init it slowed Ray's start-up as much as it saved (BENCHMARKS.md).
+    # The model loads (torch and spaCy imported) once Ray is up, while Ray Data samples the input in
+    # a Ray worker: nothing before ray.init imports them (BENCHMARKS.md: Ray before torch).
     with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
         loading = pool.submit(model)
         try:
