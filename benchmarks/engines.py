@@ -27,11 +27,12 @@ def compare_engines(
 ) -> list[dict]:
     """Local engine, then Ray engine, on the same first ``rows`` rows, ``repeat`` rounds in turn (the
     machine's speed drifts, so each round's ratio is taken side by side); one line per run, the ratios."""
-    import os
     import statistics
 
+    from han.environment import usable_cores
+
     data = with_ids(source, rows, workdir / f"ids-{rows}.parquet")
-    cpus = str(len(os.sched_getaffinity(0)))
+    cpus = str(usable_cores())
     results, ratios = [], []
     for round_ in range(1, repeat + 1):
         pair = {}

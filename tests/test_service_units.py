@@ -137,13 +137,13 @@ def test_batcher_runs_on_idle_once_after_a_quiet_spell_never_between_close_reque
         threads.append(threading.current_thread().name)
 
     async def scenario() -> tuple[int, int, int]:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.2)
+        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.5)
         loop_thread = threading.current_thread().name
-        for i in range(5):  # requests 0.05 s apart: never idle for 0.2 s
+        for i in range(5):  # requests 0.05 s apart: never idle for 0.5 s
             await batcher(i)
             await asyncio.sleep(0.05)
         during = len(idle_calls)
-        await asyncio.sleep(0.4)  # quiet: the idle work runs, once
+        await asyncio.sleep(1.0)  # quiet: the idle work runs, once
         after_quiet = len(idle_calls)
         await batcher(9)
         await asyncio.sleep(0.05)
