@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 import yaml
 from torch import Tensor
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from han.environment import apply_defaults
-from han.model import HAN, BiGRU, HANConfig, _mask
+from han.model import HAN, BiGRU, HANConfig, _gather_steps, _mask, _reverse_within
 from training.data import HANDataModule
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,11 +43,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def packed(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
-    """Padded in and out, through the packed recurrence the HAN runs for inference (differentiable)."""
-    mask = _mask(lengths, x.shape[1])
-    out = x.new_zeros(*mask.shape, 2 * rnn.forward_rnn.hidden_size)
-    out[mask] = rnn._packed_flat(x[mask], lengths)
-    return out
+    """Padded in and out, both directions through ``nn.GRU`` over ``pack_padded_sequence`` input."""
+    steps = x.shape[1]
+
+    def run(gru: torch.nn.GRU, inputs: Tensor) -> Tensor:
+        sequences = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        return pad_packed_sequence(gru(sequences)[0], batch_first=True, total_length=steps)[0]
+
+    reverse = _reverse_within(lengths, steps)
+    backward = _gather_steps(run(rnn.backward_rnn, _gather_steps(x, reverse)), reverse)
+    return torch.cat([run(rnn.forward_rnn, x), backward], dim=-1) * _mask(lengths, steps).unsqueeze(-1)
 
 
 class PackedHAN(HAN):

@@ -95,3 +95,29 @@ def test_bigru_blocks_match_packed_and_leave_padding_zero() -> None:
     assert dense[padding].abs().max() == 0
     dense.sum().backward()
     assert rnn.backward_rnn.weight_ih_l0.grad is not None and rnn.backward_rnn.weight_ih_l0.grad.abs().sum() > 0
+
+
+def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> None:
+    """The inference recurrence (inputs given once per distinct word, read through an index) gives
+    nn.GRU's states, and the same input gradients (what attributions differentiate)."""
+    torch.manual_seed(5)
+    rnn = BiGRU(6, 5)
+    lengths = torch.tensor([3, 1, 7, 2, 7])
+    distinct = torch.randn(4, 6)
+    index = torch.randint(0, 4, (int(lengths.sum()),))
+    mask = torch.arange(7) < lengths.unsqueeze(1)
+    with torch.no_grad():
+        by_index = rnn.eval().read(distinct, lengths, index)
+    flat = distinct[index].clone().requires_grad_()
+    read = rnn.read(flat, lengths)
+    padded = torch.zeros(5, 7, 6)
+    padded[mask] = distinct[index]
+    padded.requires_grad_()
+    dense = rnn.train()(padded, lengths)[mask]  # training: nn.GRU itself
+    torch.testing.assert_close(by_index, dense.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(read.detach(), dense.detach(), atol=1e-6, rtol=0)
+    weights = torch.randn(read.shape)
+    (read * weights).sum().backward()
+    (dense * weights).sum().backward()
+    assert flat.grad is not None and padded.grad is not None
+    torch.testing.assert_close(flat.grad, padded.grad[mask], atol=1e-5, rtol=0)
