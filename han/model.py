@@ -70,7 +70,14 @@ class Attention(nn.Module):
         # sets the width), and tanh(proj(h)) on it would be wasted work.
         flat = h if h.dim() == 2 else h[mask]
         scores = h.new_full(mask.shape, float("-inf"))
-        scores[mask] = torch.tanh(self.proj(flat)) @ self.context
+        if self.training:
+            scores[mask] = torch.tanh(self.proj(flat)) @ self.context
+        else:
+            # tanh(a) @ c = 2 sigmoid(2a) @ c - sum(c): a constant the softmax ignores, so sigmoid(2a) @ 2c
+            # gives the same weights; PyTorch's sigmoid is about 6x cheaper than its tanh on a CPU.
+            scores[mask] = torch.addmm(2 * self.proj.bias, flat, 2 * self.proj.weight.t()).sigmoid_() @ (
+                2 * self.context
+            )
         weights = torch.softmax(scores, dim=-1)
         if h.dim() == 3:
             return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
@@ -156,12 +163,15 @@ def _gru_steps(projected: Tensor, read: Tensor, w_hh: Tensor, b_hh: Tensor, size
     """
     hidden = w_hh.shape[1]
     h = projected.new_zeros(2, sizes[0], hidden)
+    minus_one = projected.new_full((), -1.0)
     states, start = [], 0
     for size in sizes:
         gi, h = projected[read[:, start : start + size]], h[:, :size]  # sorted longest first: the running ones
         gh = torch.baddbmm(b_hh, h, w_hh)
         rz = (gi[..., : 2 * hidden] + gh[..., : 2 * hidden]).sigmoid_()
-        n = torch.addcmul(gi[..., 2 * hidden :], rz[..., :hidden], gh[..., 2 * hidden :]).sigmoid_().mul(2).sub_(1)
+        n = torch.add(
+            minus_one, torch.addcmul(gi[..., 2 * hidden :], rz[..., :hidden], gh[..., 2 * hidden :]).sigmoid_(), alpha=2
+        )
         h = torch.addcmul(n, rz[..., hidden:], h - n)
         states.append(h)
         start += size

@@ -65,19 +65,25 @@ def test_the_model_learns_the_fixture_to_near_zero_loss() -> None:
     assert losses[-1] < 0.02
 
 
-def test_training_and_inference_recurrence_paths_agree() -> None:
-    """Bucketed dense GRUs (with gradients) and packed GRUs (without) compute the same thing."""
+def test_training_inference_and_attribution_paths_agree() -> None:
+    """The three ways through the network compute the same thing: training (length blocks run dense
+    through nn.GRU, tanh attention), inference (no gradients: each distinct word projected once,
+    tanh as a sigmoid) and attributions (eval mode with gradients)."""
     g = torch.Generator().manual_seed(3)
     model = make_model()
-    docs = [random_document(g, n, 25) for n in (1, 3, 9, 20, 2, 14)] * 30  # enough rows for several buckets
+    model.config.word_dropout = 0.0
+    model.dropout.p = 0.0  # so that training mode computes what eval mode does
+    docs = [random_document(g, n, 25) for n in (1, 3, 9, 20, 2, 14)] * 30  # enough rows for several blocks
     batch = collate(docs)
     with torch.no_grad():
-        packed = model(*batch)
-    dense = model(*batch)  # eval mode, so no dropout; gradients on -> bucketed path
-    assert dense.logits.requires_grad
-    torch.testing.assert_close(dense.logits, packed.logits, atol=1e-5, rtol=0)
-    torch.testing.assert_close(dense.word_weights, packed.word_weights, atol=1e-5, rtol=0)
-    torch.testing.assert_close(dense.sentence_weights, packed.sentence_weights, atol=1e-5, rtol=0)
+        inference = model.eval()(*batch)
+    attribution = model(*batch)  # eval mode with gradients
+    training = model.train()(*batch)
+    assert attribution.logits.requires_grad and training.logits.requires_grad
+    for other in (attribution, training):
+        torch.testing.assert_close(other.logits, inference.logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(other.word_weights, inference.word_weights, atol=1e-5, rtol=0)
+        torch.testing.assert_close(other.sentence_weights, inference.sentence_weights, atol=1e-5, rtol=0)
 
 
 def test_bigru_blocks_match_packed_and_leave_padding_zero() -> None:
