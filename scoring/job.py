@@ -143,17 +143,19 @@ class JobRun:
                 trace("scoring")
                 exhausted = False
                 while True:
-                    # Keep each worker busy: one window in work, one queued.
+                    # Keep each worker busy: one window in work, one queued. Windows already back are
+                    # collected first: counted as in flight, they would keep a worker's next window
+                    # from being sent, and it would sit idle until this process had scored its own.
+                    if pool:
+                        for seq, scored in pool.finished():
+                            done[seq] = scored
+                        emit()
                     while pool and not exhausted and pool.in_flight < 2 * pool.size:
                         item = next_window()
                         if item is None:
                             exhausted = True
                         else:
                             pool.submit(*item)
-                    if pool:
-                        for seq, scored in pool.finished():
-                            done[seq] = scored
-                        emit()
                     # This process scores too: a new window, or at the end one still queued for a worker.
                     item = None
                     if not exhausted and len(done) < max_ahead:
