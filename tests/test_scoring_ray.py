@@ -101,8 +101,13 @@ def test_csv_with_explanations_is_written_as_the_local_engine_writes_it(
     for row in local_rows:
         other = by_id[row["id"]]
         assert set(other) == set(row) - {"row"}
-        assert other["label"] == row["label"] and other["top_words"] == row["top_words"]
-        assert json.loads(other["top_sentences"]) == json.loads(row["top_sentences"])
+        assert other["label"] == row["label"]
+        for column in ("top_sentences", "top_words"):
+            # The engines batch differently, and float32 sums in another order can move the last of a
+            # weight's 6 decimals: spans are equal, weights within one unit of it.
+            got, expected = json.loads(other[column]), json.loads(row[column])
+            assert [{**s, "weight": 0} for s in got] == [{**s, "weight": 0} for s in expected]
+            assert [s["weight"] for s in got] == pytest.approx([s["weight"] for s in expected], abs=1.5e-6)
 
 
 def test_an_input_that_repeats_a_whole_batch_is_an_error_not_a_silent_loss(
