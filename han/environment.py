@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
 DEFAULTS = {
     "BENTOML_DO_NOT_TRACK": "true",
@@ -54,14 +55,11 @@ def tune_process(threads: int) -> None:
     torch.set_num_threads(threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6")
-            m_trim_threshold, m_mmap_threshold = -1, -3
-            libc.mallopt(m_mmap_threshold, 32 << 20)  # 32 MB is glibc's largest allowed value
-            libc.mallopt(m_trim_threshold, 32 << 20)
+    libc = _glibc()
+    if libc is not None:
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)  # 32 MB is glibc's largest allowed value
+        libc.mallopt(m_trim_threshold, 32 << 20)
 
 
 def release_free_memory() -> None:
@@ -71,8 +69,18 @@ def release_free_memory() -> None:
     once it has been idle a while, so that a burst of load does not leave it holding the burst's
     peak (measured in process: 16 to 29 MB given back after bursts of batches; about 1 ms a call).
     """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+def _glibc() -> Any:
+    """glibc through ctypes on Linux; None elsewhere (or where it cannot be loaded, e.g. musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None

@@ -240,8 +240,9 @@ class BiGRU(nn.Module):
         hidden = f.hidden_size
         double = torch.ones(3 * hidden, dtype=inputs.dtype, device=inputs.device)
         double[2 * hidden :] = 2  # the n gate's rows (see _gru_steps); exact in floating point
-        w_ih = torch.cat([f.weight_ih_l0, b.weight_ih_l0]) * double.repeat(2).unsqueeze(1)
-        b_ih = torch.cat([f.bias_ih_l0, b.bias_ih_l0]) * double.repeat(2)
+        both = double.repeat(2)  # the forward direction's rows, then the backward's
+        w_ih = torch.cat([f.weight_ih_l0, b.weight_ih_l0]) * both.unsqueeze(1)
+        b_ih = torch.cat([f.bias_ih_l0, b.bias_ih_l0]) * both
         w_hh = (torch.stack([f.weight_hh_l0, b.weight_hh_l0]) * double.unsqueeze(1)).transpose(1, 2)
         b_hh = (torch.stack([f.bias_hh_l0, b.bias_hh_l0]) * double).unsqueeze(1)
         projected = torch.addmm(b_ih, inputs, w_ih.t()).view(-1, 3 * hidden)
