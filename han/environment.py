@@ -8,6 +8,7 @@ A value the user already set wins.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from typing import Any
@@ -60,6 +61,19 @@ def tune_process(threads: int) -> None:
         m_trim_threshold, m_mmap_threshold = -1, -3
         libc.mallopt(m_mmap_threshold, 32 << 20)  # 32 MB is glibc's largest allowed value
         libc.mallopt(m_trim_threshold, 32 << 20)
+
+
+def freeze_loaded_objects() -> None:
+    """Exempt everything loaded so far (libraries, the model, the vocabulary) from garbage collection.
+
+    A serving worker holds about 260,000 tracked objects after start-up, and a full collection walks
+    them all (about 120 ms); each document's explanation allocates a few hundred short-lived objects,
+    which set collections off. After ``gc.freeze()`` collections walk only what came later: measured
+    in process, 0.13 ms of a document's 2.4 ms went to the collector before, 0.03 ms after.
+    Call it once, after the model is loaded.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def release_free_memory() -> None:

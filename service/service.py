@@ -18,7 +18,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 import han
-from han.environment import apply_defaults, release_free_memory, tune_process
+from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
 from model_store import MODEL_TAG_ENV, default_model_tag
 from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
 from service.batcher import RequestBatcher, observe_batch
@@ -28,6 +28,12 @@ from service.pages import make_pages
 apply_defaults()
 WORKERS = int(os.environ.get("HAN_WORKERS", "2"))  # processes; each has its own model and batcher
 Request = tuple[list[str], str | None]  # (documents, explanation method or None)
+# BentoML logs every request and opens a tracing span for it; with no trace exporter configured the
+# spans go nowhere. The two cost about 0.5 ms of CPU a request, as much as classifying a short
+# review (BENCHMARKS.md). HAN_ACCESS_LOG=1 and HAN_TRACING=1 turn them back on.
+OBSERVABILITY: dict = {"logging": {"access": {"enabled": os.environ.get("HAN_ACCESS_LOG") == "1"}}}
+if os.environ.get("HAN_TRACING") != "1":
+    OBSERVABILITY["tracing"] = {"excluded_urls": [".*"]}
 
 
 def served_model_tag() -> str:
@@ -55,6 +61,7 @@ MODEL_TAG = served_model_tag()
     workers=WORKERS,
     traffic={"timeout": 120},
     http={"host": "127.0.0.1", "port": 3000},
+    **OBSERVABILITY,
 )
 @bentoml.asgi_app(make_pages(lambda: HANClassifier, MODEL_TAG), path="/")
 class HANClassifier:
@@ -74,6 +81,7 @@ class HANClassifier:
             on_idle=release_free_memory,  # an idle worker gives a burst's freed memory back
         )
         self.info = model_info(str(stored.tag), stored.info.creation_time.isoformat(), saved)
+        freeze_loaded_objects()  # the collector then walks only what requests allocate
 
     @bentoml.api(route="/classify", input_spec=ClassifyRequest, output_spec=ClassifyResponse)
     async def classify(self, documents: list[str], explain: bool | str = True) -> ClassifyResponse | JSONResponse:

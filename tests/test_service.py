@@ -144,6 +144,24 @@ def test_health_and_metrics_endpoints(server):
     assert re.search(r'bentoml_service_request_total\{[^}]*endpoint="/classify"', text), text[:2000]
 
 
+def test_access_log_is_off_unless_asked_for(server, request):
+    """Off by default (it cost as much CPU as classifying a short review); HAN_ACCESS_LOG=1 turns it on."""
+    logged = ServiceServer.start(tiny_model_dir_quickly(request), env={"HAN_ACCESS_LOG": "1"})
+    try:
+        classify(server, [REVIEWS[0]])
+        classify(logged, [REVIEWS[0]])
+        text = ""
+        for _ in range(50):  # the line is written as the response goes out
+            text = logged.log_path.read_text(errors="replace")
+            if "path=/classify" in text:
+                break
+            threading.Event().wait(0.1)
+        assert re.search(r"path=/classify.*status=200", text), text[-2000:]
+    finally:
+        logged.stop()
+    assert "path=/classify" not in server.log_path.read_text(errors="replace")
+
+
 def test_pages_and_openapi_document(server):
     status, headers, body = server.request("GET", "/")
     assert status == 200 and headers["content-type"].startswith("text/html")
