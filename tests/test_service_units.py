@@ -171,6 +171,22 @@ def test_release_free_memory_gives_a_freed_heap_back_to_the_kernel():
     freed = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert freed > 30 << 20
 
+
+def test_freeze_loaded_objects_leaves_them_out_of_collections():
+    """A serving worker's start-up objects are frozen: a collection then walks only newer ones."""
+    code = (
+        "import gc\n"
+        "from han.environment import freeze_loaded_objects\n"
+        "kept = [[i] for i in range(100_000)]\n"
+        "before = len(gc.get_objects(generation=2))\n"
+        "freeze_loaded_objects()\n"
+        "print(before, gc.get_freeze_count(), len(gc.get_objects(generation=2)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    before, frozen, after = map(int, out.split())
+    assert before > 100_000 and frozen > 100_000 and after < 1_000
+
+
 def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRequest):
     pipeline = han.Pipeline(han.SavedModel.load(tiny_model_dir_quickly(request)))
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
