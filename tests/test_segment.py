@@ -189,3 +189,21 @@ def test_sentences_match_spacys_sentencizer_on_real_reviews_and_posts(shared_dat
     for config in (SegmenterConfig(), SMALL):
         for k, segment in enumerate(SEGMENTERS[config].segment_many(texts)):
             assert segment.token_spans == token_by_token(texts[k], config), f"document {k}"
+
+
+def test_the_larger_tokenizer_cache_changes_no_token(shared_datasets) -> None:
+    """The tokenizer keeps TOKENIZER_CACHE chunks (spaCy's default is 10,000); the same reviews segmented
+    with no cache at all must give the same words, offsets and sentences."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from han.segment import TOKENIZER_CACHE
+
+    texts = pq.read_table(shared_datasets / "imdb" / "test.parquet", columns=["text"]).column("text").to_pylist()
+    texts = texts[:1500] * 2  # the second pass reads chunks from the cache
+    cached, uncached = Segmenter(), Segmenter()
+    assert cached.nlp.tokenizer.max_cache_size == TOKENIZER_CACHE > 10_000
+    uncached.nlp.tokenizer.max_cache_size = 0
+    for k, (a, b) in enumerate(zip(cached.segment_many(texts), uncached.segment_many(texts), strict=True)):
+        for field in ("starts", "ends", "hashes", "lengths"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), f"document {k}: {field}"
