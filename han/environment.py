@@ -8,6 +8,7 @@ A value the user already set wins.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -88,6 +89,7 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
+@functools.cache
 def _glibc() -> Any:
     """glibc through ctypes on Linux; None elsewhere (or where it cannot be loaded, e.g. musl)."""
     if not sys.platform.startswith("linux"):

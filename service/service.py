@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import bentoml
 from starlette.responses import JSONResponse
@@ -31,7 +32,7 @@ Request = tuple[list[str], str | None]  # (documents, explanation method or None
 # BentoML logs every request and opens a tracing span for it; with no trace exporter configured the
 # spans go nowhere. The two cost about 0.5 ms of CPU a request, as much as classifying a short
 # review (BENCHMARKS.md). HAN_ACCESS_LOG=1 and HAN_TRACING=1 turn them back on.
-OBSERVABILITY: dict = {"logging": {"access": {"enabled": os.environ.get("HAN_ACCESS_LOG") == "1"}}}
+OBSERVABILITY: dict[str, Any] = {"logging": {"access": {"enabled": os.environ.get("HAN_ACCESS_LOG") == "1"}}}
 if os.environ.get("HAN_TRACING") != "1":
     OBSERVABILITY["tracing"] = {"excluded_urls": [".*"]}
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -155,7 +156,7 @@ def test_access_log_is_off_unless_asked_for(server, request):
             text = logged.log_path.read_text(errors="replace")
             if "path=/classify" in text:
                 break
-            threading.Event().wait(0.1)
+            time.sleep(0.1)
         assert re.search(r"path=/classify.*status=200", text), text[-2000:]
     finally:
         logged.stop()
