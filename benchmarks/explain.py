@@ -87,6 +87,11 @@ def main() -> int:
             f"{m['top1_sentence_drop']:>11.4f}{m['top1_sentence_drop'] / random_['top1_sentence_drop']:>9.1f}"
             f"{m['top1_sentence_flip_rate']:>7.3f}{'' if tau is None else f'{tau:7.3f}'}"
         )
+    counts = faith["sentences_per_document"]
+    print(
+        f"sentences per review: mean {counts['mean']:.2f}, harmonic mean {counts['harmonic_mean']:.2f} "
+        "(the top-1 ratio's scale: a random one of n sentences is the top one with probability 1/n)"
+    )
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps({"cost": cost, "faithfulness": faith}, indent=2))

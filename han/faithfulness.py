@@ -12,6 +12,12 @@ prediction rests on. Measured against a random ranking:
 * Kendall tau between a method's word weights and leave-one-word-out (occlusion), per document
   (Jain & Wallace 2019), on a smaller sample.
 
+The sentence counts come with the result because they set the scale of the top-1 ratio: a random
+one of n sentences is the top one with probability 1/n. Where no other sentence moves p, the random
+drop is 1/n of the top one's and the ratio a weighted mean of n: the harmonic mean when every
+document's top drop is the same, less where short documents' top sentences weigh more (as on IMDB).
+Only sentences whose removal raises p take it above that.
+
 Everything runs on token ids through the pipeline's own stages (encode, forward, scores).
 """
 
@@ -80,7 +86,13 @@ def evaluate_faithfulness(
         base_probs[chunk] = pipeline.scores(output.logits)
     label = base_probs.argmax(1)
     p = base_probs[np.arange(len(encoded)), label]
-    result: dict = {"documents": len(encoded), "k_percent": list(K_PERCENT), "methods": {}}
+    counts = np.array([len(lengths) for _, lengths in encoded], dtype=float)
+    result: dict = {
+        "documents": len(encoded),
+        "sentences_per_document": {"mean": float(counts.mean()), "harmonic_mean": float(1 / np.mean(1 / counts))},
+        "k_percent": list(K_PERCENT),
+        "methods": {},
+    }
     for method in [*methods, RANDOM]:
         word_rank, sentence_rank = _rankings(pipeline, encoded, method, rng)
         m: dict = {"comprehensiveness": [], "sufficiency": []}

@@ -23,10 +23,16 @@ SHARED_DATASETS = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shar
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small single-label (neg/pos) model trained on the fixture reviews, saved as a model directory."""
-    from tests.tiny_model import train_tiny_model
+    """A small single-label (neg/pos) model trained on the fixture reviews, saved as a model directory,
+    with its explanations' faithfulness in the metadata as a fit's export measures it."""
+    from han import Pipeline
+    from tests.tiny_model import read_jsonl, train_tiny_model
+    from training.faithfulness_report import faithfulness_report
 
     saved, _ = train_tiny_model()
+    texts = [row["text"] for row in read_jsonl("reviews.jsonl")]
+    report = tmp_path_factory.mktemp("tiny-model-report")
+    saved.metadata["faithfulness"] = faithfulness_report(Pipeline(saved), texts, 8, 4, report, "tiny model")
     return saved.save(tmp_path_factory.mktemp("tiny-model"))
 
 

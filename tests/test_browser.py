@@ -9,6 +9,7 @@ highlighted words in the DOM against the API's answer. Screenshots go to ``$HAN_
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,7 @@ DOM = """() => {
       background: getComputedStyle(s).backgroundColor})),
     legend: {attention: shown('legend-sentence') && shown('legend-word'),
              signed: shown('legend-for') && shown('legend-against')},
+    faithfulness: document.getElementById('faithfulness').textContent,
   };
 }"""
 
@@ -131,6 +133,17 @@ def test_the_method_selector_explains_with_a_signed_method_in_two_colours(server
     api_words = [w for s in expected["sentences"] for w in s["words"]]
     assert [w["weight"] for w in dom["words"]] == pytest.approx([w["weight"] for w in api_words], abs=1e-9)
     assert dom["legend"] == {"attention": False, "signed": True}
+    # How faithful the chosen method was on held-out documents (the model's metadata, GET /model).
+    _, info = server.get_json("/model")
+    measured, counts = info["faithfulness"]["methods"], info["faithfulness"]["sentences_per_document"]
+    assert dom["faithfulness"].startswith(f"Faithfulness on {info['faithfulness']['documents']} held-out documents")
+    shown = re.search(r"top sentence, by (-?[\d.]+) \(random: (-?[\d.]+)\)\. .* have ([\d.]+) sentences on average",
+                      dom["faithfulness"])
+    assert shown, dom["faithfulness"]
+    top, random_, sentences = (float(v) for v in shown.groups())
+    assert top == pytest.approx(measured["occlusion"]["top1_sentence_drop"], abs=6e-4)
+    assert random_ == pytest.approx(measured["random"]["top1_sentence_drop"], abs=6e-4)
+    assert sentences == pytest.approx(counts["mean"], abs=0.06)
     # Evidence against the label gets the second colour, evidence for it the first.
     colours = {("against" if w["weight"] < 0 else "for"): _rgb(w["background"]) for w in dom["words"] if w["weight"]}
     assert colours.get("for") == (22, 163, 74)

@@ -86,9 +86,11 @@ def test_the_random_rankings_sentence_deletion_is_its_expectation_not_one_draw()
     assert [len(s.lengths) for s in pipeline.segment(texts)] == sentences
     p = [r.scores["pos"] for r in pipeline(texts)]
     p_without = pipeline(["The plot was long."])[0].scores["pos"]
-    random = evaluate_faithfulness(pipeline, texts, methods=["attention"], tau_documents=0)["methods"]["random"]
+    result = evaluate_faithfulness(pipeline, texts, methods=["attention"], tau_documents=0)
+    random = result["methods"]["random"]
     expected = sum((pd - p_without) / n for pd, n in zip(p, sentences, strict=True)) / len(texts)
     assert random["top1_sentence_drop"] == pytest.approx(expected, abs=1e-4)
     assert random["top1_sentence_flip_rate"] == pytest.approx((1 / 3 + 1 / 2 + 1 / 6) / 3)
+    assert result["sentences_per_document"] == pytest.approx({"mean": 11 / 3, "harmonic_mean": 3.0})
     # Removing three sentences removes all of the first two texts; of the six, every 3-set, half with the word.
     assert random["top3_sentence_flip_rate"] == pytest.approx((1 + 1 + 0.5) / 3)

@@ -131,6 +131,11 @@ def test_model_endpoint_describes_the_served_model(server, predictor):
     assert info["architecture"]["vocab_size"] == len(predictor.saved.vocab)
     assert info["limits"]["max_documents"] == MAX_DOCUMENTS
     assert info["limits"]["max_sentences"] == predictor.saved.segmenter.max_sentences
+    faithfulness = info["faithfulness"]  # measured when the model was made (tests/conftest.py)
+    assert faithfulness["documents"] == 8 and faithfulness["sentences_per_document"]["mean"] >= 1
+    assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
+                                            "random"}
+    assert faithfulness == predictor.saved.metadata["faithfulness"]
 
 
 def test_health_and_metrics_endpoints(server):

@@ -31,7 +31,8 @@ def faithfulness_report(pipeline: Pipeline, texts: list[str], documents: int, ta
     for method, tau in result["kendall_tau"].items():
         if method in summary and tau is not None:
             summary[method]["kendall_tau_vs_leave_one_out"] = round(tau, 4)
-    return {"documents": result["documents"], "methods": summary}
+    sentences = {k: round(v, 2) for k, v in result["sentences_per_document"].items()}
+    return {"documents": result["documents"], "sentences_per_document": sentences, "methods": summary}
 
 
 def _plot(result: dict[str, Any], path: Path, title: str) -> None:
