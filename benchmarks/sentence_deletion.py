@@ -3,14 +3,16 @@
     .venv/bin/python benchmarks/sentence_deletion.py han-imdb:latest                  # 5,000 IMDB test reviews
     .venv/bin/python benchmarks/sentence_deletion.py runs/imdb/model --documents 0    # all 25,000 (20 minutes)
 
-Occlusion weighs each sentence by the drop in the predicted label's probability when it is removed,
-so per document its top weight is the largest drop any ranking's top sentence can cause, and the
-mean of its weights is the expected drop of a random sentence. The ratio of their means over
-documents is the best top-1 "x random" figure of ``han.faithfulness`` on this model (the evaluation
-averages 20 random draws where a document has more than 20 sentences; this uses every sentence).
-Printed beside it: what the ratio would be if no sentence but the top one moved the probability
-(sum of top drops / sum of top drops / n), the harmonic mean of the sentence counts (that figure
-when every document's top drop is the same), and the ratio and mean top drop by sentence count.
+For each document, the drop in the predicted label's calibrated probability when each sentence
+alone is removed (``han.faithfulness.sentence_drops``, the probability every faithfulness measure
+uses). Its largest is the most any ranking's top sentence can drop, its mean the expected drop of a
+random sentence, and the ratio of their means over documents the best top-1 "x random" figure of
+``han.faithfulness`` on this model (which averages 20 random draws where a document has more than 20
+sentences; this uses every sentence). Printed beside it: the ratio if no sentence but the top one
+moved the probability, sum(top) / sum(top / n); the harmonic mean of the sentence counts n (that
+figure when every document's top drop is the same); and the figures by sentence count, with the
+predicted label's mean probability (is the model surer of longer documents?). Documents without
+words are left out and counted.
 """
 
 from __future__ import annotations
@@ -37,25 +39,34 @@ def main() -> int:
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--documents", type=int, default=5000, help="reviews, after a seeded shuffle (0: all)")
     args = parser.parse_args()
+    if args.documents < 0:
+        parser.error("--documents must be 0 (all) or more")
     apply_defaults()
     import pyarrow.parquet as pq
     import torch
 
     import model_store
     from han import Pipeline
+    from han.faithfulness import sentence_drops
+    from han.pipeline import document_problem
 
     torch.set_num_threads(1)
     pipeline = Pipeline(model_store.load(args.model), batch_size=64)
     texts = pq.read_table(args.data, columns=[args.text_column]).column(args.text_column).to_pylist()
     random.Random(0).shuffle(texts)
-    texts = texts[: args.documents or None]
+    texts = [t for t in texts[: args.documents or None] if document_problem(t) is None]
     print(f"model {args.model}; {len(texts)} documents; load average {os.getloadavg()}", flush=True)
 
-    drops = [
-        np.array([s.weight for s in r.sentences])
-        for start in range(0, len(texts), 1000)
-        for r in pipeline(texts[start : start + 1000], explain="full", method="occlusion")
-    ]
+    every, probabilities = [], []
+    for start in range(0, len(texts), 1000):
+        drops_, p = sentence_drops(pipeline, texts[start : start + 1000])
+        every += drops_
+        probabilities += p.tolist()
+    words = [i for i, d in enumerate(every) if len(d)]
+    if len(words) < len(every):
+        print(f"{len(every) - len(words)} documents without words left out")
+    drops = [every[i] for i in words]
+    confidence = np.array(probabilities)[words]
     n = np.array([len(d) for d in drops])
     top = np.array([d.max() for d in drops])
     mean = np.array([d.mean() for d in drops])
@@ -64,14 +75,15 @@ def main() -> int:
         f"if no other sentence moved p: {top.sum() / (top / n).sum():.2f}x; "
         f"sentences per document: mean {n.mean():.2f}, harmonic mean {1 / np.mean(1 / n):.2f}"
     )
-    print(f"{'sentences':>10}{'share':>8}{'top drop':>10}{'random':>9}{'x random':>10}")
+    print(f"{'sentences':>10}{'share':>8}{'top drop':>10}{'random':>9}{'x random':>10}{'mean p':>8}{'p > 0.99':>10}")
     for low, high in BUCKETS:
         inside = (n >= low) & (n < high)
         if inside.any():
             label = f"{low}-{high - 1}" if high < 10_000 else f"{low}+"
             print(
                 f"{label:>10}{inside.mean():>8.2f}{top[inside].mean():>10.4f}{mean[inside].mean():>9.4f}"
-                f"{top[inside].sum() / mean[inside].sum():>10.2f}"
+                f"{top[inside].sum() / mean[inside].sum():>10.2f}{confidence[inside].mean():>8.3f}"
+                f"{(confidence[inside] > 0.99).mean():>10.2f}"
             )
     print(f"load average after: {os.getloadavg()}")
     return 0

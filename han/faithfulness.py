@@ -80,12 +80,7 @@ def evaluate_faithfulness(
 ) -> dict:
     """The measures above for each method and a random ranking, on ``texts`` (non-empty documents)."""
     rng = np.random.default_rng(seed)
-    encoded = [pipeline.encode(s) for s in pipeline.segment(list(texts))]
-    base_probs = np.zeros((len(encoded), len(pipeline.labels)))
-    for chunk, output in pipeline.forward(encoded):
-        base_probs[chunk] = pipeline.scores(output.logits)
-    label = base_probs.argmax(1)
-    p = base_probs[np.arange(len(encoded)), label]
+    encoded, label, p = _predict(pipeline, texts)
     counts = np.array([len(lengths) for _, lengths in encoded], dtype=float)
     result: dict = {
         "documents": len(encoded),
@@ -119,6 +114,25 @@ def evaluate_faithfulness(
     return result
 
 
+def _predict(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[Encoded], np.ndarray, np.ndarray]:
+    """The documents encoded, their predicted labels and the probability of each."""
+    encoded = [pipeline.encode(s) for s in pipeline.segment(list(texts))]
+    probs = np.zeros((len(encoded), len(pipeline.labels)))
+    for chunk, output in pipeline.forward(encoded):
+        probs[chunk] = pipeline.scores(output.logits)
+    label = probs.argmax(1)
+    return encoded, label, probs[np.arange(len(encoded)), label]
+
+
+def sentence_drops(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per document: the drop in p(predicted label) when each sentence alone is removed, and p. The largest
+    drop is the most any ranking's top-1 sentence deletion can cause, the mean the random ranking's."""
+    encoded, label, p = _predict(pipeline, texts)
+    removals = [[np.array([j]) for j in range(len(lengths))] for _, lengths in encoded]
+    drop, _, owner = _removal_effects(pipeline, encoded, removals, label, p)
+    return np.split(drop, np.cumsum(np.bincount(owner, minlength=len(encoded)))[:-1]), p
+
+
 def _random_removals(n: int, top: int, rng: np.random.Generator, draws: int = RANDOM_DRAWS) -> list[np.ndarray]:
     """The sets of ``top`` sentences a random ranking removes first, to average over: every one of them
     when there are at most ``draws``, else ``draws`` random ones. One draw per document made the random
@@ -139,6 +153,21 @@ def _sentence_deletion(
 ) -> tuple[float, float]:
     """The mean drop in p(label), and the share of flipped labels, over documents, each averaged over its
     removals (sets of sentence indices)."""
+    drop, flipped, owner = _removal_effects(pipeline, encoded, removals, label, p)
+    count = np.bincount(owner, minlength=len(encoded))
+    per_document = np.bincount(owner, weights=drop, minlength=len(encoded)) / count
+    flip = np.bincount(owner, weights=flipped, minlength=len(encoded)) / count
+    return float(per_document.mean()), float(flip.mean())
+
+
+def _removal_effects(
+    pipeline: Pipeline,
+    encoded: Sequence[Encoded],
+    removals: Sequence[Sequence[np.ndarray]],
+    label: np.ndarray,
+    p: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per removal, in document order: the drop in p(label), whether the label flipped, and its document."""
     variants = []
     for (ids, lengths), sets in zip(encoded, removals, strict=True):
         doc = _split(ids, lengths)
@@ -151,10 +180,7 @@ def _sentence_deletion(
         probs = pipeline.scores(output.logits)
         after[chunk] = probs[np.arange(len(chunk)), label[owner[chunk]]]
         flipped[chunk] = probs.argmax(1) != label[owner[chunk]]
-    count = np.bincount(owner, minlength=len(encoded))
-    drop = np.bincount(owner, weights=p[owner] - after, minlength=len(encoded)) / count
-    flip = np.bincount(owner, weights=flipped, minlength=len(encoded)) / count
-    return float(drop.mean()), float(flip.mean())
+    return p[owner] - after, flipped, owner
 
 
 def _kendall_tau(

@@ -24,7 +24,8 @@ SHARED_DATASETS = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shar
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small single-label (neg/pos) model trained on the fixture reviews, saved as a model directory,
-    with its explanations' faithfulness in the metadata as a fit's export measures it."""
+    with its explanations' faithfulness in the metadata (measured, on its own training reviews, by the
+    report code a fit's export uses)."""
     from han import Pipeline
     from tests.tiny_model import read_jsonl, train_tiny_model
     from training.faithfulness_report import faithfulness_report

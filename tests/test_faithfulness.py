@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from han import HAN, HANConfig, Pipeline, SavedModel, SegmenterConfig, Vocabulary
-from han.faithfulness import K_PERCENT, evaluate_faithfulness
+from han.faithfulness import K_PERCENT, evaluate_faithfulness, sentence_drops
 
 WORDS = ["plot", "film", "acting", "story", "long", "music", "scene", "cast"]
 
@@ -94,3 +94,17 @@ def test_the_random_rankings_sentence_deletion_is_its_expectation_not_one_draw()
     assert result["sentences_per_document"] == pytest.approx({"mean": 11 / 3, "harmonic_mean": 3.0})
     # Removing three sentences removes all of the first two texts; of the six, every 3-set, half with the word.
     assert random["top3_sentence_flip_rate"] == pytest.approx((1 + 1 + 0.5) / 3)
+
+
+def test_sentence_drops_are_what_removing_each_sentence_alone_does() -> None:
+    """Only the word's sentence moves the one-word model: removing it costs the whole gap, any other nothing."""
+    pipeline = Pipeline(one_word_model())
+    texts = ["The plot was long. The acting was superb. The music was long.", "The film. The superb cast."]
+    p = [r.scores["pos"] for r in pipeline(texts)]
+    p_without = pipeline(["The plot was long."])[0].scores["pos"]
+    drops, p_predicted = sentence_drops(pipeline, texts)
+    assert p_predicted.tolist() == pytest.approx(p, abs=1e-6)
+    assert [d.tolist() for d in drops] == [
+        pytest.approx([0.0, p[0] - p_without, 0.0], abs=1e-4),
+        pytest.approx([0.0, p[1] - p_without], abs=1e-4),
+    ]
