@@ -48,7 +48,10 @@ def main() -> int:
     from han.faithfulness import evaluate_faithfulness
 
     torch.set_num_threads(1)
-    pipeline = Pipeline(model_store.load(args.model), batch_size=64)
+    try:
+        pipeline = Pipeline(model_store.load(args.model), batch_size=64)
+    except model_store.ModelNotFoundError as error:
+        parser.error(str(error))
     texts = pq.read_table(args.data, columns=["text"]).column("text").to_pylist()
     random.Random(0).shuffle(texts)
     print(f"model {args.model}; {os.cpu_count()} CPUs, 1 torch thread; load average {os.getloadavg()}", flush=True)

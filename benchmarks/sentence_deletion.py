@@ -51,7 +51,10 @@ def main() -> int:
     from han.pipeline import document_problem
 
     torch.set_num_threads(1)
-    pipeline = Pipeline(model_store.load(args.model), batch_size=64)
+    try:
+        pipeline = Pipeline(model_store.load(args.model), batch_size=64)
+    except model_store.ModelNotFoundError as error:
+        parser.error(str(error))
     texts = pq.read_table(args.data, columns=[args.text_column]).column(args.text_column).to_pylist()
     random.Random(0).shuffle(texts)
     texts = [t for t in texts[: args.documents or None] if document_problem(t) is None]
