@@ -15,45 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from han.environment import apply_defaults
-
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
-
+from explained_reviews import add_model_arguments, pipeline_and_reviews
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default="han-imdb:latest", help="BentoML tag or model directory")
-    parser.add_argument("--data", type=Path, default=DATA)
+    add_model_arguments(parser)
     parser.add_argument("--single", type=int, default=100, help="reviews explained one at a time")
     parser.add_argument("--batched", type=int, default=256, help="reviews explained in batches of 64")
     parser.add_argument("--documents", type=int, default=500, help="reviews for the faithfulness measures")
     parser.add_argument("--tau-documents", type=int, default=50, help="of those, for the Kendall tau")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    apply_defaults()
-    import pyarrow.parquet as pq
-    import torch
-
-    import model_store
-    from han import Pipeline
+    pipeline, texts = pipeline_and_reviews(parser, args)
     from han.attribution import METHODS
     from han.faithfulness import evaluate_faithfulness
 
-    torch.set_num_threads(1)
-    try:
-        pipeline = Pipeline(model_store.load(args.model), batch_size=64)
-    except model_store.ModelNotFoundError as error:
-        parser.error(str(error))
-    texts = pq.read_table(args.data, columns=["text"]).column("text").to_pylist()
-    random.Random(0).shuffle(texts)
     print(f"model {args.model}; {os.cpu_count()} CPUs, 1 torch thread; load average {os.getloadavg()}", flush=True)
 
     cost: dict[str, dict[str, float]] = {}

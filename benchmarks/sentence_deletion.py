@@ -19,44 +19,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
-from pathlib import Path
 
 import numpy as np
+from explained_reviews import add_model_arguments, pipeline_and_reviews
 
-from han.environment import apply_defaults
-
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
 BUCKETS = ((1, 3), (3, 5), (5, 8), (8, 12), (12, 20), (20, 10_000))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default="han-imdb:latest", help="BentoML tag or model directory")
-    parser.add_argument("--data", type=Path, default=DATA, help="a Parquet file (default: IMDB's test split)")
-    parser.add_argument("--text-column", default="text")
+    add_model_arguments(parser)
     parser.add_argument("--documents", type=int, default=5000, help="reviews, after a seeded shuffle (0: all)")
     args = parser.parse_args()
     if args.documents < 0:
         parser.error("--documents must be 0 (all) or more")
-    apply_defaults()
-    import pyarrow.parquet as pq
-    import torch
-
-    import model_store
-    from han import Pipeline
-    from han.faithfulness import sentence_drops
+    pipeline, texts = pipeline_and_reviews(parser, args)
+    from han.faithfulness import sentence_counts, sentence_drops
     from han.pipeline import document_problem
 
-    torch.set_num_threads(1)
-    try:
-        pipeline = Pipeline(model_store.load(args.model), batch_size=64)
-    except model_store.ModelNotFoundError as error:
-        parser.error(str(error))
-    texts = pq.read_table(args.data, columns=[args.text_column]).column(args.text_column).to_pylist()
-    random.Random(0).shuffle(texts)
     texts = [t for t in texts[: args.documents or None] if document_problem(t) is None]
     print(f"model {args.model}; {len(texts)} documents; load average {os.getloadavg()}", flush=True)
 
@@ -65,18 +46,19 @@ def main() -> int:
         drops_, p = sentence_drops(pipeline, texts[start : start + 1000])
         every += drops_
         probabilities += p.tolist()
-    words = [i for i, d in enumerate(every) if len(d)]
-    if len(words) < len(every):
-        print(f"{len(every) - len(words)} documents without words left out")
-    drops = [every[i] for i in words]
-    confidence = np.array(probabilities)[words]
+    kept = [i for i, d in enumerate(every) if len(d)]
+    if len(kept) < len(every):
+        print(f"{len(every) - len(kept)} documents without words left out")
+    drops = [every[i] for i in kept]
+    confidence = np.array(probabilities)[kept]
     n = np.array([len(d) for d in drops])
+    counts = sentence_counts(n)
     top = np.array([d.max() for d in drops])
     mean = np.array([d.mean() for d in drops])
     print(
         f"top-1 sentence drop {top.mean():.4f}, random sentence {mean.mean():.4f}: {top.sum() / mean.sum():.2f}x\n"
         f"if no other sentence moved p: {top.sum() / (top / n).sum():.2f}x; "
-        f"sentences per document: mean {n.mean():.2f}, harmonic mean {1 / np.mean(1 / n):.2f}"
+        f"sentences per document: mean {counts['mean']:.2f}, harmonic mean {counts['harmonic_mean']:.2f}"
     )
     print(f"{'sentences':>10}{'share':>8}{'top drop':>10}{'random':>9}{'x random':>10}{'mean p':>8}{'p > 0.99':>10}")
     for low, high in BUCKETS:

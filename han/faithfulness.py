@@ -81,10 +81,9 @@ def evaluate_faithfulness(
     """The measures above for each method and a random ranking, on ``texts`` (non-empty documents)."""
     rng = np.random.default_rng(seed)
     encoded, label, p = _predict(pipeline, texts)
-    counts = np.array([len(lengths) for _, lengths in encoded], dtype=float)
     result: dict = {
         "documents": len(encoded),
-        "sentences_per_document": {"mean": float(counts.mean()), "harmonic_mean": float(1 / np.mean(1 / counts))},
+        "sentences_per_document": sentence_counts([len(lengths) for _, lengths in encoded]),
         "k_percent": list(K_PERCENT),
         "methods": {},
     }
@@ -124,13 +123,19 @@ def _predict(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[Encoded], n
     return encoded, label, probs[np.arange(len(encoded)), label]
 
 
+def sentence_counts(counts: Sequence[int] | np.ndarray) -> dict[str, float]:
+    """The mean and harmonic mean of the documents' sentence counts (the top-1 ratio's scale)."""
+    n = np.asarray(counts, dtype=float)
+    return {"mean": float(n.mean()), "harmonic_mean": float(1 / np.mean(1 / n))}
+
+
 def sentence_drops(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
     """Per document: the drop in p(predicted label) when each sentence alone is removed, and p. The largest
     drop is the most any ranking's top-1 sentence deletion can cause, the mean the random ranking's."""
     encoded, label, p = _predict(pipeline, texts)
     removals = [[np.array([j]) for j in range(len(lengths))] for _, lengths in encoded]
-    drop, _, owner = _removal_effects(pipeline, encoded, removals, label, p)
-    return np.split(drop, np.cumsum(np.bincount(owner, minlength=len(encoded)))[:-1]), p
+    drop, _, _ = _removal_effects(pipeline, encoded, removals, label, p)
+    return np.split(drop, np.cumsum([len(lengths) for _, lengths in encoded])[:-1]), p
 
 
 def _random_removals(n: int, top: int, rng: np.random.Generator, draws: int = RANDOM_DRAWS) -> list[np.ndarray]:
