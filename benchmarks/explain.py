@@ -72,6 +72,12 @@ def main() -> int:
             f"{m['top1_sentence_drop']:>11.4f}{m['top1_sentence_drop'] / random_['top1_sentence_drop']:>9.1f}"
             f"{m['top1_sentence_flip_rate']:>7.3f}{'' if tau is None else f'{tau:7.3f}'}"
         )
+    keys = ("comprehensiveness_aopc", "sufficiency_aopc", "top1_sentence_drop")
+    print("\nx random, with 95% bootstrap intervals over the reviews")
+    print(f"{'method':<22}" + "".join(f"{k:>26}" for k in keys))
+    for method, m in faith["methods"].items():
+        if "x_random" in m:
+            print(f"{method:<22}" + "".join(f"{_interval(m['x_random'][k]):>26}" for k in keys))
     counts = faith["sentences_per_document"]
     print(
         f"sentences per review: mean {counts['mean']:.2f}, harmonic mean {counts['harmonic_mean']:.2f} "
@@ -81,6 +87,11 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"cost": cost, "faithfulness": faith}, indent=2))
     return 0
+
+
+def _interval(ratio: dict) -> str:
+    low, high = ratio["interval"] or (float("nan"), float("nan"))
+    return f"{ratio['ratio']:.2f} [{low:.2f}, {high:.2f}]"
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ alone is removed (``han.faithfulness.sentence_drops``, the probability every fai
 uses). Its largest is the most any ranking's top sentence can drop, its mean the expected drop of a
 random sentence, and the ratio of their means over documents the best top-1 "x random" figure of
 ``han.faithfulness`` on this model (which averages 20 random draws where a document has more than 20
-sentences; this uses every sentence). Printed beside it: the ratio if no sentence but the top one
-moved the probability, sum(top) / sum(top / n); the harmonic mean of the sentence counts n (that
-figure when every document's top drop is the same); and the figures by sentence count, with the
-predicted label's mean probability (is the model surer of longer documents?). Documents without
-words are left out and counted.
+sentences; this uses every sentence), with its bootstrap interval. Printed beside it: the ratio if no
+sentence but the top one moved the probability, sum(top) / sum(top / n); the harmonic mean of the
+sentence counts n (that figure when every document's top drop is the same); and the figures by
+sentence count, with the predicted label's mean probability (is the model surer of longer
+documents?). Documents without words are left out and counted.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> int:
     if args.documents < 0:
         parser.error("--documents must be 0 (all) or more")
     pipeline, texts = pipeline_and_reviews(parser, args)
-    from han.faithfulness import sentence_counts, sentence_drops
+    from han.faithfulness import ratio_interval, sentence_counts, sentence_drops
     from han.pipeline import document_problem
 
     texts = [t for t in texts[: args.documents or None] if document_problem(t) is None]
@@ -55,8 +55,11 @@ def main() -> int:
     counts = sentence_counts(n)
     top = np.array([d.max() for d in drops])
     mean = np.array([d.mean() for d in drops])
+    ratio = ratio_interval(top, mean, np.random.default_rng(0))
+    low, high = ratio["interval"]
     print(
-        f"top-1 sentence drop {top.mean():.4f}, random sentence {mean.mean():.4f}: {top.sum() / mean.sum():.2f}x\n"
+        f"top-1 sentence drop {top.mean():.4f}, random sentence {mean.mean():.4f}: {ratio['ratio']:.2f}x "
+        f"({ratio['confidence']:.0%} bootstrap interval over documents {low:.2f}-{high:.2f})\n"
         f"if no other sentence moved p: {top.sum() / (top / n).sum():.2f}x; "
         f"sentences per document: mean {counts['mean']:.2f}, harmonic mean {counts['harmonic_mean']:.2f}"
     )

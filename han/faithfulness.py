@@ -12,6 +12,10 @@ prediction rests on. Measured against a random ranking:
 * Kendall tau between a method's word weights and leave-one-word-out (occlusion), per document
   (Jain & Wallace 2019), on a smaller sample.
 
+Each method's AOPCs and sentence drops also come as ratios to the random ranking's ("x random") with
+a bootstrap interval over the documents: on 100 documents the top-1 sentence ratio of one IMDB model
+read 14.9x, on 500 of them 7.5x, so the figure means little without it.
+
 The sentence counts come with the result because they set the scale of the top-1 ratio: a random
 one of n sentences is the top one with probability 1/n. Where no other sentence moves p, the random
 drop is 1/n of the top one's and the ratio a weighted mean of n: the harmonic mean when every
@@ -26,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -37,6 +42,8 @@ from han.vocab import Vocabulary
 K_PERCENT = (1, 5, 10, 20, 50)
 RANDOM = "random"
 RANDOM_DRAWS = 20  # sentence sets a random ranking's deletion is averaged over, per document
+CONFIDENCE = 0.95  # of the bootstrap interval on each "x random" ratio
+RESAMPLES = 1000
 Document = list[np.ndarray]  # sentences of word ids
 
 
@@ -87,9 +94,11 @@ def evaluate_faithfulness(
         "k_percent": list(K_PERCENT),
         "methods": {},
     }
+    per_document: dict[str, dict[str, np.ndarray]] = {}
     for method in [*methods, RANDOM]:
         word_rank, sentence_rank = _rankings(pipeline, encoded, method, rng)
         m: dict = {"comprehensiveness": [], "sufficiency": []}
+        comprehensiveness, sufficiency = [], []  # [k] of per-document drops
         for k in K_PERCENT:
             removed, kept = [], []
             for (ids, lengths), order in zip(encoded, word_rank, strict=True):
@@ -97,8 +106,14 @@ def evaluate_faithfulness(
                 rest = np.setdiff1d(np.arange(len(ids)), top)
                 removed.append(_keep_words(ids, lengths, rest))
                 kept.append(_keep_words(ids, lengths, top))
-            m["comprehensiveness"].append(float(np.mean(p - _probabilities(pipeline, removed, label))))
-            m["sufficiency"].append(float(np.mean(p - _probabilities(pipeline, kept, label))))
+            comprehensiveness.append(p - _probabilities(pipeline, removed, label))
+            sufficiency.append(p - _probabilities(pipeline, kept, label))
+            m["comprehensiveness"].append(float(np.mean(comprehensiveness[-1])))
+            m["sufficiency"].append(float(np.mean(sufficiency[-1])))
+        per_document[method] = {
+            "comprehensiveness_aopc": np.mean(comprehensiveness, axis=0),
+            "sufficiency_aopc": np.mean(sufficiency, axis=0),
+        }
         m["comprehensiveness_aopc"] = float(np.mean(m["comprehensiveness"]))
         m["sufficiency_aopc"] = float(np.mean(m["sufficiency"]))
         for top in (1, 3):
@@ -107,8 +122,15 @@ def evaluate_faithfulness(
             else:
                 removals = [[order[:top]] for order in sentence_rank]
             drop, flip = _sentence_deletion(pipeline, encoded, removals, label, p)
-            m[f"top{top}_sentence_drop"], m[f"top{top}_sentence_flip_rate"] = drop, flip
+            per_document[method][f"top{top}_sentence_drop"] = drop
+            m[f"top{top}_sentence_drop"], m[f"top{top}_sentence_flip_rate"] = float(drop.mean()), float(flip.mean())
         result["methods"][method] = m
+    interval_rng = np.random.default_rng(seed)
+    for method in methods:
+        result["methods"][method]["x_random"] = {
+            key: ratio_interval(values, per_document[RANDOM][key], interval_rng)
+            for key, values in per_document[method].items()
+        }
     result["kendall_tau"] = _kendall_tau(pipeline, encoded[:tau_documents], methods, rng)
     return result
 
@@ -138,6 +160,33 @@ def sentence_drops(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[np.nd
     return np.split(drop, np.cumsum([len(lengths) for _, lengths in encoded])[:-1]), p
 
 
+def ratio_interval(
+    values: np.ndarray,
+    baseline: np.ndarray,
+    rng: np.random.Generator,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+) -> dict[str, Any]:
+    """``values``' mean over ``baseline``'s (per-document figures of the same documents), and a percentile
+    bootstrap interval for it, resampling documents: how far a sample's "x random" can be trusted.
+    The ratio and interval are None where the baseline's mean is 0."""
+    values, baseline = np.asarray(values, dtype=float), np.asarray(baseline, dtype=float)
+    out: dict[str, Any] = {"ratio": None, "interval": None, "confidence": confidence}
+    if not len(values) or baseline.sum() == 0:
+        return out
+    out["ratio"] = float(values.sum() / baseline.sum())
+    ratios = []
+    for start in range(0, resamples, 100):  # 100 resamples at a time: bounded memory on 25,000 documents
+        picks = rng.integers(0, len(values), size=(min(100, resamples - start), len(values)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios.append(values[picks].sum(1) / baseline[picks].sum(1))
+    ratios = np.concatenate(ratios)
+    ratios = ratios[np.isfinite(ratios)]
+    tail = (1 - confidence) / 2
+    out["interval"] = [float(q) for q in np.quantile(ratios, [tail, 1 - tail])]
+    return out
+
+
 def _random_removals(n: int, top: int, rng: np.random.Generator, draws: int = RANDOM_DRAWS) -> list[np.ndarray]:
     """The sets of ``top`` sentences a random ranking removes first, to average over: every one of them
     when there are at most ``draws``, else ``draws`` random ones. One draw per document made the random
@@ -155,14 +204,14 @@ def _sentence_deletion(
     removals: Sequence[Sequence[np.ndarray]],
     label: np.ndarray,
     p: np.ndarray,
-) -> tuple[float, float]:
-    """The mean drop in p(label), and the share of flipped labels, over documents, each averaged over its
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per document: the drop in p(label), and the share of flipped labels, each averaged over its
     removals (sets of sentence indices)."""
     drop, flipped, owner = _removal_effects(pipeline, encoded, removals, label, p)
     count = np.bincount(owner, minlength=len(encoded))
     per_document = np.bincount(owner, weights=drop, minlength=len(encoded)) / count
     flip = np.bincount(owner, weights=flipped, minlength=len(encoded)) / count
-    return float(per_document.mean()), float(flip.mean())
+    return per_document, flip
 
 
 def _removal_effects(

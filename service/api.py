@@ -75,7 +75,8 @@ class ModelInfo(BaseModel):
     )
     metrics: dict[str, Any] | None = Field(description="Evaluation metrics (from its metadata), if recorded.")
     faithfulness: dict[str, Any] | None = Field(
-        description="How faithful each explanation method was on held-out data, against a random one, if measured."
+        description="How faithful each explanation method was on held-out data, if measured: each measure, the random "
+        "ranking's, and their ratio (x_random) with a bootstrap interval over the documents."
     )
     explanation_methods: list[str] = Field(description="The values `explain` takes besides true and false.")
     metadata: dict[str, Any] = Field(description="Everything the training code recorded with the model.")

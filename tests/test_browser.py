@@ -137,10 +137,13 @@ def test_the_method_selector_explains_with_a_signed_method_in_two_colours(server
     _, info = server.get_json("/model")
     measured, counts = info["faithfulness"]["methods"], info["faithfulness"]["sentences_per_document"]
     assert dom["faithfulness"].startswith(f"Faithfulness on {info['faithfulness']['documents']} held-out documents")
-    shown = re.search(r"top sentence, by (-?[\d.]+) \(random: (-?[\d.]+)\)\. .* have ([\d.]+) sentences on average"
+    shown = re.search(r"top sentence, by (-?[\d.]+) \(random: (-?[\d.]+); (-?[\d.]+)x random, 95% interval "
+                      r"(-?[\d.]+) to (-?[\d.]+)\)\. .* have ([\d.]+) sentences on average"
                       r".* 1 time in ([\d.]+)\.$", dom["faithfulness"])
     assert shown, dom["faithfulness"]
-    top, random_, sentences, one_in = (float(v) for v in shown.groups())
+    top, random_, ratio, low, high, sentences, one_in = (float(v) for v in shown.groups())
+    x_random = measured["occlusion"]["x_random"]["top1_sentence_drop"]
+    assert [ratio, low, high] == pytest.approx([x_random["ratio"], *x_random["interval"]], abs=0.051)
     assert one_in == pytest.approx(counts["harmonic_mean"], abs=0.06)
     assert top == pytest.approx(measured["occlusion"]["top1_sentence_drop"], abs=6e-4)
     assert random_ == pytest.approx(measured["random"]["top1_sentence_drop"], abs=6e-4)

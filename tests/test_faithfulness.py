@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from han import HAN, HANConfig, Pipeline, SavedModel, SegmenterConfig, Vocabulary
-from han.faithfulness import K_PERCENT, evaluate_faithfulness, sentence_drops
+from han.faithfulness import K_PERCENT, evaluate_faithfulness, ratio_interval, sentence_drops
 
 WORDS = ["plot", "film", "acting", "story", "long", "music", "scene", "cast"]
 
@@ -71,6 +72,13 @@ def test_attention_finds_the_word_and_scores_what_removing_it_does() -> None:
         random["comprehensiveness"][0] < 0.1 and random["comprehensiveness_aopc"] < attention["comprehensiveness_aopc"]
     )
     assert random["sufficiency_aopc"] > 0.3
+    # Each measure also comes as a ratio to random's, with a bootstrap interval over the three documents.
+    ratio = attention["x_random"]["top1_sentence_drop"]
+    assert ratio["ratio"] == pytest.approx(attention["top1_sentence_drop"] / random["top1_sentence_drop"])
+    assert ratio["interval"][0] <= ratio["ratio"] <= ratio["interval"][1] and ratio["confidence"] == 0.95
+    assert set(attention["x_random"]) == {"comprehensiveness_aopc", "sufficiency_aopc", "top1_sentence_drop",
+                                          "top3_sentence_drop"}
+    assert "x_random" not in random
 
 
 def test_the_random_rankings_sentence_deletion_is_its_expectation_not_one_draw() -> None:
@@ -108,3 +116,32 @@ def test_sentence_drops_are_what_removing_each_sentence_alone_does() -> None:
         pytest.approx([0.0, p[0] - p_without, 0.0], abs=1e-4),
         pytest.approx([0.0, p[1] - p_without], abs=1e-4),
     ]
+
+
+def test_ratio_interval_is_exact_where_every_document_agrees_and_none_without_a_baseline() -> None:
+    rng = np.random.default_rng(0)
+    baseline = rng.uniform(0.01, 0.2, size=50)
+    exact = ratio_interval(7 * baseline, baseline, rng)
+    assert exact["ratio"] == pytest.approx(7.0) and exact["interval"] == pytest.approx([7.0, 7.0])
+    assert ratio_interval(baseline, np.zeros(50), rng)["ratio"] is None
+
+
+def test_ratio_interval_covers_the_true_ratio_about_as_often_as_it_says() -> None:
+    """Samples of 200 documents whose top drop is n times their random drop, n from 2 to 20 (as sentence
+    counts are): the true ratio of means is known, and a 95% interval should miss it about 1 time in 20.
+    A too-narrow interval (a standard error too small, or quantiles of the wrong thing) misses far more."""
+    rng = np.random.default_rng(1)
+    n = np.arange(2, 21)
+    top_mean = 0.3 / np.sqrt(n)  # the top drop shrinks with length, as on IMDB
+    truth = top_mean.sum() / (top_mean / n).sum()
+    covered, widths = 0, []
+    for _ in range(200):
+        counts = rng.choice(n, size=200)
+        top = rng.exponential(0.3 / np.sqrt(counts))
+        random = top / counts * rng.uniform(0.8, 1.2, size=200)
+        out = ratio_interval(top, random, rng, resamples=400)
+        low, high = out["interval"]
+        covered += low <= truth <= high
+        widths.append(high - low)
+    assert 0.88 <= covered / 200 <= 0.99
+    assert 0.5 < np.median(widths) < truth  # an interval, neither a point nor everything

@@ -135,6 +135,9 @@ def test_model_endpoint_describes_the_served_model(server, predictor):
     assert faithfulness["documents"] == 8 and faithfulness["sentences_per_document"]["mean"] >= 1
     assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
                                             "random"}
+    top1 = faithfulness["methods"]["occlusion"]["x_random"]["top1_sentence_drop"]  # a ratio to random, and its interval
+    assert top1["interval"][0] <= top1["ratio"] <= top1["interval"][1] and top1["confidence"] == 0.95
+    assert "x_random" not in faithfulness["methods"]["random"]
     assert faithfulness == predictor.saved.metadata["faithfulness"]
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,15 +146,20 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> 
     assert sum(line["label"] == t for line, t in zip(lines, truth, strict=True)) >= 0.9 * len(truth)
 
 
-def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path) -> None:
+def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = fit(tmp_path, "--export.faithfulness", "0")
     assert not (root / "report" / "test" / "faithfulness.json").exists()
+    caplog.set_level(logging.INFO)
     main(["test", "--config", SMOKE, "--trainer.default_root_dir", str(root),
           "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
     faithfulness = json.loads((root / "report" / "test" / "faithfulness.json").read_text())
     assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
                                             "random"}
     assert (root / "report" / "test" / "faithfulness.png").stat().st_size > 1000
+    top1 = faithfulness["methods"]["occlusion"]["x_random"]["top1_sentence_drop"]
+    assert top1["interval"][0] <= top1["ratio"] <= top1["interval"][1]
+    # The log says it too, so that a sample's ratio is never read without how far it can be trusted.
+    assert re.search(r"occlusion .* top sentence -?[\d.]+x random \[-?[\d.]+, -?[\d.]+\]", caplog.text), caplog.text
 
 
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:

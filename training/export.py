@@ -157,7 +157,7 @@ class ExportModel(pl.Callback):
                                       self.faithfulness_tau, root / split, title)
         rank_zero_info(f"faithfulness on {split} ({summary['documents']} documents): " + "; ".join(
             f"{m} comprehensiveness {v['comprehensiveness_aopc']:.3f} sufficiency {v['sufficiency_aopc']:.3f}"
-            for m, v in summary["methods"].items()))
+            + _top_sentence(v) for m, v in summary["methods"].items()))
         return {"split": split, **summary}
 
     @staticmethod
@@ -172,3 +172,11 @@ class ExportModel(pl.Callback):
 def _split(data: Any, split: str) -> tuple[list[str], np.ndarray]:
     """A split's texts and targets (class indices, or a 0/1 matrix for multi-label data)."""
     return data.texts(split), data.splits[split].targets.numpy()
+
+
+def _top_sentence(measured: dict[str, Any]) -> str:
+    """The log's 'top sentence 7.1x random [6.0, 8.3]': the ratio with its interval, where there is one."""
+    ratio = measured.get("x_random", {}).get("top1_sentence_drop")
+    if not ratio or ratio["ratio"] is None or ratio["interval"] is None:
+        return ""
+    return " top sentence {}x random [{}, {}]".format(ratio["ratio"], *ratio["interval"])

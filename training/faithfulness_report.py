@@ -28,11 +28,24 @@ def faithfulness_report(pipeline: Pipeline, texts: list[str], documents: int, ta
     (directory / "faithfulness.json").write_text(json.dumps(result, indent=2))
     _plot(result, directory / "faithfulness.png", title)
     summary = {method: {k: round(m[k], 4) for k in SUMMARY_KEYS} for method, m in result["methods"].items()}
+    for method, m in result["methods"].items():
+        if "x_random" in m:
+            summary[method]["x_random"] = {key: _rounded(r) for key, r in m["x_random"].items() if key in SUMMARY_KEYS}
     for method, tau in result["kendall_tau"].items():
         if method in summary and tau is not None:
             summary[method]["kendall_tau_vs_leave_one_out"] = round(tau, 4)
     sentences = {k: round(v, 2) for k, v in result["sentences_per_document"].items()}
     return {"documents": result["documents"], "sentences_per_document": sentences, "methods": summary}
+
+
+def _rounded(ratio: dict[str, Any]) -> dict[str, Any]:
+    """A ratio and its interval to 2 decimals (the summary travels in the model's metadata)."""
+    value, interval = ratio["ratio"], ratio["interval"]
+    return {
+        "ratio": None if value is None else round(value, 2),
+        "interval": None if interval is None else [round(v, 2) for v in interval],
+        "confidence": ratio["confidence"],
+    }
 
 
 def _plot(result: dict[str, Any], path: Path, title: str) -> None:
