@@ -90,8 +90,10 @@ def main() -> int:
 
 
 def _interval(ratio: dict) -> str:
-    low, high = ratio["interval"] or (float("nan"), float("nan"))
-    return f"{ratio['ratio']:.2f} [{low:.2f}, {high:.2f}]"
+    if ratio["ratio"] is None:
+        return "-"
+    interval = "" if ratio["interval"] is None else " [{:.2f}, {:.2f}]".format(*ratio["interval"])
+    return f"{ratio['ratio']:.2f}{interval}"
 
 
 if __name__ == "__main__":

@@ -56,10 +56,10 @@ def main() -> int:
     top = np.array([d.max() for d in drops])
     mean = np.array([d.mean() for d in drops])
     ratio = ratio_interval(top, mean, np.random.default_rng(0))
-    low, high = ratio["interval"]
+    interval = "no interval" if ratio["interval"] is None else "{:.2f}-{:.2f}".format(*ratio["interval"])
     print(
-        f"top-1 sentence drop {top.mean():.4f}, random sentence {mean.mean():.4f}: {ratio['ratio']:.2f}x "
-        f"({ratio['confidence']:.0%} bootstrap interval over documents {low:.2f}-{high:.2f})\n"
+        f"top-1 sentence drop {top.mean():.4f}, random sentence {mean.mean():.4f}: {top.sum() / mean.sum():.2f}x "
+        f"({ratio['confidence']:.0%} bootstrap interval over documents: {interval})\n"
         f"if no other sentence moved p: {top.sum() / (top / n).sum():.2f}x; "
         f"sentences per document: mean {counts['mean']:.2f}, harmonic mean {counts['harmonic_mean']:.2f}"
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ RANDOM = "random"
 RANDOM_DRAWS = 20  # sentence sets a random ranking's deletion is averaged over, per document
 CONFIDENCE = 0.95  # of the bootstrap interval on each "x random" ratio
 RESAMPLES = 1000
+MIN_DOCUMENTS = 20  # fewer, and no interval is given
 Document = list[np.ndarray]  # sentences of word ids
 
 
@@ -125,10 +127,10 @@ def evaluate_faithfulness(
             per_document[method][f"top{top}_sentence_drop"] = drop
             m[f"top{top}_sentence_drop"], m[f"top{top}_sentence_flip_rate"] = float(drop.mean()), float(flip.mean())
         result["methods"][method] = m
-    interval_rng = np.random.default_rng(seed)
     for method in methods:
+        # A stream of its own per method and measure: adding a method leaves the others' intervals alone.
         result["methods"][method]["x_random"] = {
-            key: ratio_interval(values, per_document[RANDOM][key], interval_rng)
+            key: ratio_interval(values, per_document[RANDOM][key], _stream(seed, method, key))
             for key, values in per_document[method].items()
         }
     result["kendall_tau"] = _kendall_tau(pipeline, encoded[:tau_documents], methods, rng)
@@ -167,25 +169,32 @@ def ratio_interval(
     confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
 ) -> dict[str, Any]:
-    """``values``' mean over ``baseline``'s (per-document figures of the same documents), and a percentile
-    bootstrap interval for it, resampling documents: how far a sample's "x random" can be trusted.
-    The ratio and interval are None where the baseline's mean is 0."""
+    """``values``' mean over ``baseline``'s (per-document figures of the same documents), and a paired
+    percentile bootstrap interval for it, resampling documents: how far a sample's "x random" can be
+    trusted. The ratio is None where the baseline's mean is 0; the interval is None with fewer than
+    MIN_DOCUMENTS documents (where percentile intervals cover too little) or where some resample's
+    baseline sums to 0 (its upper end is unbounded)."""
     values, baseline = np.asarray(values, dtype=float), np.asarray(baseline, dtype=float)
     out: dict[str, Any] = {"ratio": None, "interval": None, "confidence": confidence}
     if not len(values) or baseline.sum() == 0:
         return out
     out["ratio"] = float(values.sum() / baseline.sum())
+    if len(values) < MIN_DOCUMENTS:
+        return out
     ratios = []
     for start in range(0, resamples, 100):  # 100 resamples at a time: bounded memory on 25,000 documents
         picks = rng.integers(0, len(values), size=(min(100, resamples - start), len(values)))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios.append(values[picks].sum(1) / baseline[picks].sum(1))
-    ratios = np.concatenate(ratios)
-    ratios = ratios[np.isfinite(ratios)]
-    if len(ratios):
-        tail = (1 - confidence) / 2
-        out["interval"] = [float(q) for q in np.quantile(ratios, [tail, 1 - tail])]
+        totals = baseline[picks].sum(1)
+        if (totals == 0).any():
+            return out
+        ratios.append(values[picks].sum(1) / totals)
+    tail = (1 - confidence) / 2
+    out["interval"] = [float(q) for q in np.quantile(np.concatenate(ratios), [tail, 1 - tail])]
     return out
+
+
+def _stream(seed: int, *names: str) -> np.random.Generator:
+    return np.random.default_rng([seed, *(zlib.crc32(name.encode()) for name in names)])
 
 
 def _random_removals(n: int, top: int, rng: np.random.Generator, draws: int = RANDOM_DRAWS) -> list[np.ndarray]:

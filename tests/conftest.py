@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     saved, _ = train_tiny_model()
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")]
     report = tmp_path_factory.mktemp("tiny-model-report")
-    saved.metadata["faithfulness"] = faithfulness_report(Pipeline(saved), texts, 8, 4, report, "tiny model")
+    saved.metadata["faithfulness"] = faithfulness_report(Pipeline(saved), texts, 24, 4, report, "tiny model")
     return saved.save(tmp_path_factory.mktemp("tiny-model"))
 
 

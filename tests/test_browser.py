@@ -137,8 +137,8 @@ def test_the_method_selector_explains_with_a_signed_method_in_two_colours(server
     _, info = server.get_json("/model")
     measured, counts = info["faithfulness"]["methods"], info["faithfulness"]["sentences_per_document"]
     assert dom["faithfulness"].startswith(f"Faithfulness on {info['faithfulness']['documents']} held-out documents")
-    shown = re.search(r"top sentence, by (-?[\d.]+) \(random: (-?[\d.]+); (-?[\d.]+)x random, 95% interval "
-                      r"(-?[\d.]+) to (-?[\d.]+)\)\. .* have ([\d.]+) sentences on average"
+    shown = re.search(r"top sentence, by (-?[\d.]+) \(random: (-?[\d.]+); (-?[\d.]+)x random, 95% interval over "
+                      r"documents (-?[\d.]+) to (-?[\d.]+)\)\. .* have ([\d.]+) sentences on average"
                       r".* 1 time in ([\d.]+)\.$", dom["faithfulness"])
     assert shown, dom["faithfulness"]
     top, random_, ratio, low, high, sentences, one_in = (float(v) for v in shown.groups())

@@ -72,10 +72,10 @@ def test_attention_finds_the_word_and_scores_what_removing_it_does() -> None:
         random["comprehensiveness"][0] < 0.1 and random["comprehensiveness_aopc"] < attention["comprehensiveness_aopc"]
     )
     assert random["sufficiency_aopc"] > 0.3
-    # Each measure also comes as a ratio to random's, with a bootstrap interval over the three documents.
+    # Each measure also comes as a ratio to random's (with no interval on three documents: too few).
     ratio = attention["x_random"]["top1_sentence_drop"]
     assert ratio["ratio"] == pytest.approx(attention["top1_sentence_drop"] / random["top1_sentence_drop"])
-    assert ratio["interval"][0] <= ratio["ratio"] <= ratio["interval"][1] and ratio["confidence"] == 0.95
+    assert ratio["interval"] is None and ratio["confidence"] == 0.95
     assert set(attention["x_random"]) == {"comprehensiveness_aopc", "sufficiency_aopc", "top1_sentence_drop",
                                           "top3_sentence_drop"}
     assert "x_random" not in random
@@ -118,30 +118,35 @@ def test_sentence_drops_are_what_removing_each_sentence_alone_does() -> None:
     ]
 
 
-def test_ratio_interval_is_exact_where_every_document_agrees_and_none_without_a_baseline() -> None:
+def test_ratio_interval_is_exact_where_every_document_agrees_and_none_where_it_cannot_be_trusted() -> None:
     rng = np.random.default_rng(0)
     baseline = rng.uniform(0.01, 0.2, size=50)
     exact = ratio_interval(7 * baseline, baseline, rng)
     assert exact["ratio"] == pytest.approx(7.0) and exact["interval"] == pytest.approx([7.0, 7.0])
     assert ratio_interval(baseline, np.zeros(50), rng)["ratio"] is None
+    few = ratio_interval(7 * baseline[:19], baseline[:19], rng)  # too few documents for a percentile interval
+    assert few["ratio"] == pytest.approx(7.0) and few["interval"] is None
+    # One document in 20 carries the whole baseline: some resample leaves it out, so no upper end exists.
+    lone = ratio_interval(np.ones(20), np.eye(20)[0], rng)
+    assert lone["ratio"] == pytest.approx(20.0) and lone["interval"] is None
 
 
 def test_ratio_interval_covers_the_true_ratio_about_as_often_as_it_says() -> None:
     """Samples of 200 documents whose top drop is n times their random drop, n from 2 to 20 (as sentence
-    counts are): the true ratio of means is known, and a 95% interval should miss it about 1 time in 20.
-    A too-narrow interval (a standard error too small, or quantiles of the wrong thing) misses far more."""
+    counts are), the top drop shrinking with n as on IMDB: the true ratio of means is known. A 95%
+    percentile interval covers it in about 93% of samples here (the ratio is skewed); a 90% interval
+    (0.89) or one that resamples the two means apart (0.99) falls outside the bounds."""
     rng = np.random.default_rng(1)
     n = np.arange(2, 21)
-    top_mean = 0.3 / np.sqrt(n)  # the top drop shrinks with length, as on IMDB
+    top_mean = 0.3 / np.sqrt(n)
     truth = top_mean.sum() / (top_mean / n).sum()
     covered, widths = 0, []
-    for _ in range(200):
+    for _ in range(1000):
         counts = rng.choice(n, size=200)
-        top = rng.exponential(0.3 / np.sqrt(counts))
+        top = rng.gamma(4.0, top_mean[counts - 2] / 4)
         random = top / counts * rng.uniform(0.8, 1.2, size=200)
-        out = ratio_interval(top, random, rng, resamples=400)
-        low, high = out["interval"]
+        low, high = ratio_interval(top, random, rng, resamples=400)["interval"]
         covered += low <= truth <= high
         widths.append(high - low)
-    assert 0.88 <= covered / 200 <= 0.99
+    assert 0.91 <= covered / 1000 <= 0.975
     assert 0.5 < np.median(widths) < truth  # an interval, neither a point nor everything

@@ -132,7 +132,7 @@ def test_model_endpoint_describes_the_served_model(server, predictor):
     assert info["limits"]["max_documents"] == MAX_DOCUMENTS
     assert info["limits"]["max_sentences"] == predictor.saved.segmenter.max_sentences
     faithfulness = info["faithfulness"]  # measured when the model was made (tests/conftest.py)
-    assert faithfulness["documents"] == 8 and faithfulness["sentences_per_document"]["mean"] >= 1
+    assert faithfulness["documents"] == 24 and faithfulness["sentences_per_document"]["mean"] >= 1
     assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
                                             "random"}
     top1 = faithfulness["methods"]["occlusion"]["x_random"]["top1_sentence_drop"]  # a ratio to random, and its interval
