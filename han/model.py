@@ -6,7 +6,8 @@ with the number of words in each sentence and the number of sentences in each do
     words  [num_sentences, max_words]  ->  embedding (+ fixed NB features)  ->  BiGRU over words
            ->  word attention (tanh MLP, learned context vector, softmax over real words)
     sentence vectors grouped per document  [docs, max_sentences, 2*word_hidden]
-           ->  BiGRU over sentences  ->  sentence attention (same, over real sentences)
+           ->  BiGRU over sentences  ->  sentence attention (same, over real sentences), averaging
+               the BiGRU's states, or with ``sentence_values="own"`` the sentence vectors themselves
     document vector  ->  dropout  ->  linear head  ->  logits [docs, num_labels]
 
 Each BiGRU is exact for every sequence whatever the others in its batch: padding never reaches a
@@ -20,6 +21,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+SENTENCE_VALUES = ("contextual", "own")
 
 
 @dataclass
@@ -36,6 +39,16 @@ class HANConfig:
     dropout: float = 0.3
     word_dropout: float = 0.1  # training only: this share of words is replaced by <unk>
     nb_features: int = 0  # fixed Naive Bayes log-count ratios per word beside its embedding (0: none)
+    # What the sentence attention averages into the document vector: "contextual", the sentence
+    # BiGRU's states (Yang et al.); or "own", each sentence's own vector from the word level, the
+    # BiGRU then only scoring them. With "own", a sentence's weight is its share of the document
+    # vector and removing it changes no other sentence's vector, which the explanations measure.
+    sentence_values: str = "contextual"
+
+    def __post_init__(self) -> None:
+        if self.sentence_values not in SENTENCE_VALUES:
+            choices = ", ".join(SENTENCE_VALUES)
+            raise ValueError(f"sentence_values must be one of {choices}, not {self.sentence_values!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,9 +76,10 @@ class Attention(nn.Module):
         self.proj = nn.Linear(input_dim, attention_dim)
         self.context = nn.Parameter(torch.empty(attention_dim).uniform_(-0.1, 0.1))
 
-    def forward(self, h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, mask: Tensor, values: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """h [rows, steps, dim], or flat [real positions, dim] (each row's real positions, one row after
-        another: see ``BiGRU``); mask [rows, steps] (True = real) -> ([rows, dim], weights [rows, steps])."""
+        another: see ``BiGRU``); mask [rows, steps] (True = real) -> ([rows, dim], weights [rows, steps]).
+        The weights average ``values`` (laid out as h, any last dimension) where given, else h."""
         # Score real positions only: padding can be most of a batch of sentences (its longest one
         # sets the width), and tanh(proj(h)) on it would be wasted work.
         flat = h if h.dim() == 2 else h[mask]
@@ -79,10 +93,12 @@ class Attention(nn.Module):
                 2 * self.context
             )
         weights = torch.softmax(scores, dim=-1)
-        if h.dim() == 3:
-            return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
+        values = h if values is None else values
+        if values.dim() == 3:
+            return torch.bmm(weights.unsqueeze(1), values).squeeze(1), weights
         rows = mask.nonzero()[:, 0]
-        pooled = h.new_zeros(mask.shape[0], h.shape[1]).index_add(0, rows, weights[mask].unsqueeze(1) * flat)
+        weighted = weights[mask].unsqueeze(1) * values
+        pooled = values.new_zeros(mask.shape[0], values.shape[1]).index_add(0, rows, weighted)
         return pooled, weights
 
 
@@ -271,7 +287,8 @@ class HAN(nn.Module):
         self.sentence_rnn = BiGRU(2 * config.word_hidden, config.sentence_hidden)
         self.sentence_attention = Attention(2 * config.sentence_hidden, config.attention_dim)
         self.dropout = nn.Dropout(config.dropout)
-        self.head = nn.Linear(2 * config.sentence_hidden, config.num_labels)
+        own = config.sentence_values == "own"
+        self.head = nn.Linear(2 * (config.word_hidden if own else config.sentence_hidden), config.num_labels)
 
     def forward(self, words: Tensor, sentence_lengths: Tensor, document_lengths: Tensor) -> HANOutput:
         """words [sentences, max_words] of ids; sentence_lengths [sentences]; document_lengths [docs]."""
@@ -290,7 +307,8 @@ class HAN(nn.Module):
         if not self.training or not torch.is_grad_enabled():
             grouped = grouped[mask]  # flat: the real sentences only (see BiGRU.forward)
         g = self.sentence_rnn(grouped, document_lengths)
-        document_vectors, sentence_weights = self.sentence_attention(g, mask)
+        values = grouped if self.config.sentence_values == "own" else None
+        document_vectors, sentence_weights = self.sentence_attention(g, mask, values)
         return self.head(self.dropout(document_vectors)), sentence_weights
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:

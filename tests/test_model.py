@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from han import HAN, HANConfig, collate
@@ -9,10 +10,10 @@ from han.model import BiGRU, length_blocks
 from tests.tiny_model import train_tiny_model
 
 
-def make_model(seed: int = 0, multi_label: bool = False) -> HAN:
+def make_model(seed: int = 0, multi_label: bool = False, sentence_values: str = "contextual") -> HAN:
     torch.manual_seed(seed)
     config = HANConfig(vocab_size=50, num_labels=3, multi_label=multi_label, embed_dim=8,
-                       word_hidden=6, sentence_hidden=5, attention_dim=7)
+                       word_hidden=6, sentence_hidden=5, attention_dim=7, sentence_values=sentence_values)
     return HAN(config).eval()
 
 
@@ -36,9 +37,10 @@ def test_weights_sum_to_one_over_real_tokens_and_are_zero_on_padding() -> None:
         assert torch.all(out.word_weights[d, len(doc):] == 0)
 
 
-def test_a_document_scores_the_same_alone_and_in_a_batch_of_longer_documents() -> None:
+@pytest.mark.parametrize("sentence_values", ["contextual", "own"])
+def test_a_document_scores_the_same_alone_and_in_a_batch_of_longer_documents(sentence_values: str) -> None:
     g = torch.Generator().manual_seed(2)
-    model = make_model()
+    model = make_model(sentence_values=sentence_values)
     short = random_document(g, 2, 3)
     long_docs = [random_document(g, 30, 40) for _ in range(5)]
     alone = model(*collate([short]))
@@ -48,6 +50,28 @@ def test_a_document_scores_the_same_alone_and_in_a_batch_of_longer_documents() -
     width = alone.word_weights.shape[2]
     torch.testing.assert_close(batched.word_weights[1, :2, :width], alone.word_weights[0], atol=1e-5, rtol=0)
     assert torch.all(batched.word_weights[1, :, width:] == 0)
+
+
+def test_own_sentence_values_make_the_document_vector_the_weighted_mean_of_the_sentence_vectors() -> None:
+    """With sentence_values="own" the head reads sum_i w_i v_i, v_i a sentence's vector from its words
+    alone: a sentence's weight is exactly its share, and removing it changes no other v_i."""
+    g = torch.Generator().manual_seed(4)
+    docs = [random_document(g, n, 9) for n in (1, 4, 7)]
+    batch = collate(docs)
+    read: list[torch.Tensor] = []
+    for values in ("contextual", "own"):
+        model = make_model(sentence_values=values)
+        handle = model.head.register_forward_hook(lambda _m, inputs, _o: read.append(inputs[0]))
+        with torch.no_grad():
+            out = model(*batch)
+            vectors, _ = model.sentence_vectors(batch.words, batch.sentence_lengths)
+        handle.remove()
+    per_document = vectors.split([len(doc) for doc in docs])
+    own = torch.stack([(out.sentence_weights[d, : len(v), None] * v).sum(0) for d, v in enumerate(per_document)])
+    torch.testing.assert_close(read[1], own, atol=1e-6, rtol=0)
+    assert read[0].shape[1] == 10 and read[1].shape[1] == 12  # 2 x sentence_hidden, 2 x word_hidden
+    with pytest.raises(ValueError, match="sentence_values must be one of contextual, own"):
+        HANConfig(vocab_size=5, num_labels=2, sentence_values="states")
 
 
 def test_probabilities_are_softmax_or_sigmoid_by_task() -> None:
@@ -65,12 +89,13 @@ def test_the_model_learns_the_fixture_to_near_zero_loss() -> None:
     assert losses[-1] < 0.02
 
 
-def test_training_inference_and_attribution_paths_agree() -> None:
+@pytest.mark.parametrize("sentence_values", ["contextual", "own"])
+def test_training_inference_and_attribution_paths_agree(sentence_values: str) -> None:
     """The three ways through the network compute the same thing: training (length blocks run dense
     through nn.GRU, tanh attention), inference (no gradients: each distinct word projected once,
     tanh as a sigmoid) and attributions (eval mode with gradients)."""
     g = torch.Generator().manual_seed(3)
-    model = make_model()
+    model = make_model(sentence_values=sentence_values)
     model.config.word_dropout = 0.0
     model.dropout.p = 0.0  # so that training mode computes what eval mode does
     docs = [random_document(g, n, 25) for n in (1, 3, 9, 20, 2, 14)] * 30  # enough rows for several blocks

@@ -320,10 +320,15 @@ def test_export_refuses_a_best_checkpoint_holding_code(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def test_a_warm_started_model_scores_like_the_stored_one_before_any_step(tmp_path: Path) -> None:
-    stored = fit(tmp_path / "stored")
+@pytest.mark.parametrize("sentence_values", ["contextual", "own"])
+def test_a_warm_started_model_scores_like_the_stored_one_before_any_step(tmp_path: Path, sentence_values: str) -> None:
+    stored = fit(tmp_path / "stored", "--model.sentence_values", sentence_values)
+    saved = SavedModel.load(stored / "model")
+    assert saved.model.config.sentence_values == sentence_values
+    assert saved.metadata["metrics"]["test"]["accuracy"] >= 0.9, "the smoke run should fit its own training data"
     texts = [r["text"] for r in rows(REVIEWS)] + ["Words it never saw: zyzzyva quokka. Superb!"]
-    expected = Pipeline(SavedModel.load(stored / "model"))(texts)
+    expected = Pipeline(saved)(texts)
+    # The stored model's sentence_values carry over, like its sizes, whatever this run's default.
     started = fit(tmp_path / "warm", "--model.init_from", str(stored / "model"), "--trainer.max_epochs", "0")
     warm = Pipeline(SavedModel.load(started / "model"))(texts)
     for a, b in zip(expected, warm, strict=True):

@@ -51,8 +51,8 @@ class HANClassifier(pl.LightningModule):
         label_smoothing: share of each target spread over all labels (multi-label: each target moves
             this share towards 0.5); 0 disables.
         init_from: start from a stored model (a BentoML tag or a model directory) instead of from
-            scratch; its sizes replace embed_dim, word_hidden, sentence_hidden and attention_dim
-            (see ``training.warm_start``).
+            scratch; its sizes and sentence_values replace embed_dim, word_hidden, sentence_hidden,
+            attention_dim and sentence_values (see ``training.warm_start``).
         embeddings: initialise the word embeddings from a vectors file (word2vec text or binary,
             GloVe, fastText .vec, gensim KeyedVectors; its dimension must be embed_dim), or
             ``word2vec`` (the default, the paper's recipe) to build them here from the training text
@@ -64,6 +64,9 @@ class HANClassifier(pl.LightningModule):
             learn to read them).
         nb_features: give the word encoder each word's Naive Bayes log-count ratios from the training
             data beside its embedding (``training.nb_features``).
+        sentence_values: what the sentence attention averages into the document vector:
+            ``contextual`` (the sentence BiGRU's states, as in Yang et al.) or ``own`` (each sentence's
+            own vector, so that removing a sentence changes no other's; see ``han.HANConfig``).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class HANClassifier(pl.LightningModule):
         word2vec_epochs: int = WORD2VEC["epochs"],
         freeze_embeddings: int = 1,
         nb_features: bool = False,
+        sentence_values: Literal["contextual", "own"] = "contextual",
     ) -> None:
         super().__init__()
         self._stored = None
@@ -98,6 +102,7 @@ class HANClassifier(pl.LightningModule):
             self._stored = load_stored(init_from)
             stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
+            sentence_values = self._stored.model.config.sentence_values
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
         if word2vec_epochs < 1:
@@ -113,7 +118,7 @@ class HANClassifier(pl.LightningModule):
             vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
             word_hidden=word_hidden, sentence_hidden=sentence_hidden, attention_dim=attention_dim,
             dropout=dropout, word_dropout=word_dropout,
-            nb_features=feature_count(num_labels, multi_label) if nb_features else 0,
+            nb_features=feature_count(num_labels, multi_label) if nb_features else 0, sentence_values=sentence_values,
         ))
         n = num_labels
         if multi_label:
