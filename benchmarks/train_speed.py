@@ -115,7 +115,7 @@ def main() -> None:
     han_config = HANConfig(
         vocab_size=len(data.vocab), num_labels=data.num_labels, multi_label=data.multi_label,
         **{k: model[k] for k in ("embed_dim", "word_hidden", "sentence_hidden", "attention_dim", "dropout",
-                                 "word_dropout") if k in model},
+                                 "word_dropout", "sentence_values") if k in model},
     )
     print(f"{args.config.name}: {args.batches} batches of {data_args.get('batch_size')} "
           f"({docs} documents, {words} words), {args.threads} torch threads, torch {torch.__version__}")

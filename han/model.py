@@ -42,7 +42,7 @@ class HANConfig:
     # What the sentence attention averages into the document vector: "contextual", the sentence
     # BiGRU's states (Yang et al.); or "own", each sentence's own vector from the word level, the
     # BiGRU then only scoring them. With "own", a sentence's weight is its share of the document
-    # vector and removing it changes no other sentence's vector, which the explanations measure.
+    # vector and removing it changes no other sentence's vector: sentence explanations are more faithful.
     sentence_values: str = "contextual"
 
     def __post_init__(self) -> None:

@@ -8,16 +8,22 @@ import pytest
 import torch
 
 from han import Pipeline, SavedModel
-from han.attribution import METHODS, SIGNED, attribute
+from han.attribution import METHODS, SIGNED, attribute, integrated_gradients
 from han.batch import collate_flat
 from han.vocab import Vocabulary
+from tests.tiny_model import train_tiny_model
 
 TEXTS = ["A wonderful film. The cast is superb! I loved it.", "Awful. Boring plot.", "Superb."]
 
 
-@pytest.fixture(scope="module")
-def pipeline(tiny_model_dir: Path) -> Pipeline:
-    return Pipeline(SavedModel.load(tiny_model_dir))
+@pytest.fixture(scope="module", params=["contextual", "own"])
+def pipeline(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Pipeline:
+    """The tests' tiny model, and one whose sentence attention averages the sentences' own vectors."""
+    if request.param == "contextual":
+        return Pipeline(SavedModel.load(tiny_model_dir))
+    saved, _ = train_tiny_model(sentence_values="own")
+    assert saved.model.config.sentence_values == "own"
+    return Pipeline(saved)
 
 
 def batch_of(pipeline: Pipeline, texts: list[str]):
@@ -81,8 +87,10 @@ def test_occlusion_in_a_batch_is_each_variant_run_through_the_whole_network(pipe
 
 
 def test_integrated_gradients_add_up_to_the_change_from_an_empty_input(pipeline: Pipeline) -> None:
+    """Completeness, with enough steps for the tiny models' sharp paths (32, the default, leaves up to
+    0.6 of the change unaccounted for on the "own" one: a coarse integral, not a wrong gradient)."""
     batch = batch_of(pipeline, TEXTS)
-    logits, sentences, words = attribute(pipeline.model, batch, "integrated_gradients")
+    logits, sentences, words = integrated_gradients(pipeline.model, batch, None, steps=256)
     target = logits.argmax(-1)
     handle = pipeline.model.embedding.register_forward_hook(lambda _m, _i, output: output * 0)
     try:
@@ -92,7 +100,7 @@ def test_integrated_gradients_add_up_to_the_change_from_an_empty_input(pipeline:
         handle.remove()
     probs = pipeline.model.probabilities(logits)
     change = probs.gather(1, target[:, None]) - empty.gather(1, target[:, None])
-    torch.testing.assert_close(words.sum((1, 2)), change.squeeze(1), atol=0.03, rtol=0.05)
+    torch.testing.assert_close(words.sum((1, 2)), change.squeeze(1), atol=2e-3, rtol=0)
     torch.testing.assert_close(sentences, words.sum(-1))
 
 

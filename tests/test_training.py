@@ -359,6 +359,25 @@ def test_a_warm_start_on_new_labels_keeps_the_encoders_and_gets_a_new_head(tmp_p
                        new_state["embedding.weight"][new.vocab.stoi["superb"]])
 
 
+def test_a_checkpoint_refuses_other_sentence_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint from before sentence_values existed was trained "contextual", and its head fits an "own"
+    network of the same sizes (imdb.yaml now sets "own"): resuming or testing it must stop, not load."""
+    import torch
+
+    root = fit(tmp_path, "--export.faithfulness", "0")
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    del checkpoint["hyper_parameters"]["sentence_values"]  # as an older han-train wrote it
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["test", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
+              str(tmp_path / "cache"), "--model.sentence_values", "own", "--ckpt_path", str(old)])
+    err = capsys.readouterr().err
+    assert "the checkpoint was trained with model.sentence_values=contextual, this run has own" in err
+    assert "Traceback" not in err
+
+
 def test_init_from_an_unknown_model_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         fit(tmp_path, "--model.init_from", "han-nowhere:latest")

@@ -16,7 +16,9 @@ def read_jsonl(name: str) -> list[dict]:
     return [json.loads(line) for line in (FIXTURES / name).read_text(encoding="utf-8").splitlines() if line]
 
 
-def train_tiny_model(steps: int = 60, multi_label: bool = False, seed: int = 0) -> tuple[SavedModel, list[float]]:
+def train_tiny_model(
+    steps: int = 60, multi_label: bool = False, seed: int = 0, sentence_values: str = "contextual"
+) -> tuple[SavedModel, list[float]]:
     """Fit a small HAN on data/fixtures (reviews, or topics if multi_label); returns it and the losses."""
     torch.manual_seed(seed)
     rows = read_jsonl("topics.jsonl" if multi_label else "reviews.jsonl")
@@ -34,6 +36,7 @@ def train_tiny_model(steps: int = 60, multi_label: bool = False, seed: int = 0) 
     config = HANConfig(
         vocab_size=len(vocab), num_labels=len(labels), multi_label=multi_label,
         embed_dim=16, word_hidden=12, sentence_hidden=12, attention_dim=16, dropout=0.0, word_dropout=0.0,
+        sentence_values=sentence_values,
     )
     model = HAN(config)
     batch = collate([[vocab.encode(k) for k in s.token_keys] for s in segments])

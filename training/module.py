@@ -165,6 +165,14 @@ class HANClassifier(pl.LightningModule):
             rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
             self._stored = None
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A checkpoint from before sentence_values existed was trained "contextual"; with equal hidden
+        # sizes its head would also fit an "own" network, and load silently into the wrong one.
+        stored = checkpoint.get("hyper_parameters", {}).get("sentence_values", "contextual")
+        if stored != self.net.config.sentence_values:
+            raise ValueError(f"the checkpoint was trained with model.sentence_values={stored}, this run has "
+                             f"{self.net.config.sentence_values} (set --model.sentence_values {stored})")
+
     def on_train_epoch_start(self) -> None:
         self.net.embedding.weight.requires_grad_(self.current_epoch >= self.hparams.freeze_embeddings)
 

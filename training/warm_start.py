@@ -39,6 +39,9 @@ def warm_start(net: HAN, stored: SavedModel, vocab: Vocabulary, labels: list[str
     if net.config.nb_features != source.config.nb_features:
         raise ValueError(f"model.init_from: the stored model has nb_features={source.config.nb_features}, "
                          f"this run {net.config.nb_features} (set --model.nb_features to match)")
+    if net.config.sentence_values != source.config.sentence_values:
+        raise ValueError(f"model.init_from: the stored model has sentence_values={source.config.sentence_values}, "
+                         f"this run {net.config.sentence_values}")
     for part in ("word_rnn", "word_attention", "sentence_rnn", "sentence_attention"):
         getattr(net, part).load_state_dict(getattr(source, part).state_dict())
 
