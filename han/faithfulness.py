@@ -99,7 +99,6 @@ def evaluate_faithfulness(
     per_document: dict[str, dict[str, np.ndarray]] = {}
     for method in [*methods, RANDOM]:
         word_rank, sentence_rank = _rankings(pipeline, encoded, method, rng)
-        m: dict = {"comprehensiveness": [], "sufficiency": []}
         comprehensiveness, sufficiency = [], []  # [k] of per-document drops
         for k in K_PERCENT:
             removed, kept = [], []
@@ -110,14 +109,14 @@ def evaluate_faithfulness(
                 kept.append(_keep_words(ids, lengths, top))
             comprehensiveness.append(p - _probabilities(pipeline, removed, label))
             sufficiency.append(p - _probabilities(pipeline, kept, label))
-            m["comprehensiveness"].append(float(np.mean(comprehensiveness[-1])))
-            m["sufficiency"].append(float(np.mean(sufficiency[-1])))
-        per_document[method] = {
-            "comprehensiveness_aopc": np.mean(comprehensiveness, axis=0),
-            "sufficiency_aopc": np.mean(sufficiency, axis=0),
+        comp, suff = np.array(comprehensiveness), np.array(sufficiency)  # [k, documents]
+        m: dict = {
+            "comprehensiveness": comp.mean(1).tolist(),
+            "sufficiency": suff.mean(1).tolist(),
+            "comprehensiveness_aopc": float(comp.mean()),
+            "sufficiency_aopc": float(suff.mean()),
         }
-        m["comprehensiveness_aopc"] = float(np.mean(m["comprehensiveness"]))
-        m["sufficiency_aopc"] = float(np.mean(m["sufficiency"]))
+        per_document[method] = {"comprehensiveness_aopc": comp.mean(0), "sufficiency_aopc": suff.mean(0)}
         for top in (1, 3):
             if method == RANDOM:
                 removals = [_random_removals(len(lengths), top, rng) for _, lengths in encoded]
