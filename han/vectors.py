@@ -10,13 +10,14 @@ Text files may be gzip-compressed (``.gz``). Only the rows of words in the vocab
 multi-GB file loads in one pass with little memory. A word is matched exactly, else lower-cased (the
 vocabulary's keys are lower case: ``Paris`` in GloVe serves ``paris``; an exact entry wins). Rows
 without a vector start random at the scale of the loaded ones. A bad or truncated file raises
-``VectorsError`` naming the file and the line (or, binary, the entry).
+``VectorsError`` naming the file and the line (or, binary, the entry). ``vectors_dimension`` reads
+only the header or the first line, so the model can take the file's dimension before loading it.
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -50,20 +51,39 @@ class Vectors:
 def load_vectors(path: str | Path, vocab: Vocabulary, dim: int | None = None, seed: int = 0) -> Vectors:
     """Read ``path`` (format from its name, see above) and match it to ``vocab``. ``dim``, if given, must
     be the file's dimension (the model's ``embed_dim``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise VectorsError(f"{path}: vectors file not found")
-    name = path.name.lower()
-    if name.endswith((".kv", ".model", ".wv")):
-        entries, file_dim = _gensim(path)
-    elif name.endswith(".bin"):
-        entries, file_dim = _word2vec_binary(path)
-    else:
-        entries, file_dim = _text(path)
+    path = _existing(path)
+    entries, file_dim = _reader(path)(path)
     if dim is not None and file_dim != dim:
         raise VectorsError(f"{path}: the vectors have {file_dim} dimensions but model.embed_dim is {dim} "
                            f"(set --model.embed_dim {file_dim})")
     return match(entries, vocab, file_dim, str(path), seed)
+
+
+def vectors_dimension(path: str | Path) -> int:
+    """The file's dimension from its header or first line (gensim: its metadata), without reading the
+    vectors: the model's ``embed_dim`` is known before the data, and the file is read once, in full, later."""
+    path = _existing(path)
+    reader = _reader(path)
+    if reader is _text:
+        return _text_header(path)[1]
+    if reader is _word2vec_binary:
+        return _binary_header(path)[1]
+    return _gensim(path)[1]  # memory-maps the vectors: reads the word list only
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise VectorsError(f"{path}: vectors file not found")
+    return path
+
+
+def _reader(path: Path) -> Callable[[Path], tuple[Iterator[tuple[str, np.ndarray]], int]]:
+    """The format's reader, from the file's name."""
+    name = path.name.lower()
+    if name.endswith((".kv", ".model", ".wv")):
+        return _gensim
+    return _word2vec_binary if name.endswith(".bin") else _text
 
 
 def match(entries: Iterator[tuple[str, np.ndarray]], vocab: Vocabulary, dim: int, source: str, seed: int = 0
@@ -95,16 +115,22 @@ def _open_text(path: Path) -> IO[str]:
     return opener(path, "rt", encoding="utf-8", errors="replace")  # type: ignore[operator]
 
 
-def _text(path: Path) -> tuple[Iterator[tuple[str, np.ndarray]], int]:
-    """word2vec text, fastText .vec or GloVe: the dimension from the header, else from the first line."""
+def _text_header(path: Path) -> tuple[bool, int]:
+    """(whether line 1 is a '<count> <dim>' header, the dimension): from the header, else from line 1."""
     with _open_text(path) as f:
-        first = f.readline().rstrip("\n").split(" ")
+        first = f.readline().rstrip("\n").rstrip(" ").split(" ")
     if not first or first == [""]:
         raise VectorsError(f"{path} line 1: empty file")
     header = len(first) == 2 and all(p.isdigit() for p in first)
     dim = int(first[1]) if header else len(first) - 1
     if dim < 1:
         raise VectorsError(f"{path} line 1: expected a word and its numbers, or a '<count> <dim>' header")
+    return header, dim
+
+
+def _text(path: Path) -> tuple[Iterator[tuple[str, np.ndarray]], int]:
+    """word2vec text, fastText .vec or GloVe: the dimension from the header, else from the first line."""
+    header, dim = _text_header(path)
 
     def entries() -> Iterator[tuple[str, np.ndarray]]:
         with _open_text(path) as f:
@@ -126,12 +152,17 @@ def _text(path: Path) -> tuple[Iterator[tuple[str, np.ndarray]], int]:
     return entries(), dim
 
 
-def _word2vec_binary(path: Path) -> tuple[Iterator[tuple[str, np.ndarray]], int]:
+def _binary_header(path: Path) -> tuple[int, int]:
+    """(count, dim) from a word2vec binary file's first line."""
     with open(path, "rb") as f:
         header = f.readline().split()
-    if len(header) != 2 or not all(p.isdigit() for p in header):
+    if len(header) != 2 or not all(p.isdigit() for p in header) or int(header[1]) < 1:
         raise VectorsError(f"{path} line 1: not a word2vec binary file (expected a '<count> <dim>' header)")
-    count, dim = int(header[0]), int(header[1])
+    return int(header[0]), int(header[1])
+
+
+def _word2vec_binary(path: Path) -> tuple[Iterator[tuple[str, np.ndarray]], int]:
+    count, dim = _binary_header(path)
 
     def entries() -> Iterator[tuple[str, np.ndarray]]:
         with open(path, "rb") as f:

