@@ -22,15 +22,19 @@ drop is 1/n of the top one's and the ratio a weighted mean of n: the harmonic me
 document's top drop is the same, less where short documents' top sentences weigh more (as on IMDB).
 Only sentences whose removal raises p take it above that.
 
-Everything runs on token ids through the pipeline's own stages (encode, forward, scores).
+Everything runs on token ids through the pipeline's own stages (encode, forward, scores). Documents
+are measured a few at a time, so that a time budget can end the measurement after any of them (a
+fit's export gives it a share of the fit's time: on long documents the check would otherwise take
+longer than the training).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +50,8 @@ RANDOM_DRAWS = 20  # sentence sets a random ranking's deletion is averaged over,
 CONFIDENCE = 0.95  # of the bootstrap interval on each "x random" ratio
 RESAMPLES = 1000
 MIN_DOCUMENTS = 20  # fewer, and no interval is given
+GROUP = 10  # documents measured together: a progress step, and how finely a time budget is kept
+_DOCUMENT = zlib.crc32(b"document")  # seeds each document's random draws with its position
 Document = list[np.ndarray]  # sentences of word ids
 
 
@@ -68,16 +74,6 @@ def _split(ids: np.ndarray, lengths: np.ndarray) -> Document:
     return np.split(ids, np.cumsum(lengths)[:-1])
 
 
-def _rankings(
-    pipeline: Pipeline, encoded: Sequence[Encoded], method: str, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per document: words (flat positions) and sentences, most important first."""
-    if method == RANDOM:
-        return [rng.permutation(len(ids)) for ids, _ in encoded], [rng.permutation(len(n)) for _, n in encoded]
-    words, sentences = _weights(pipeline, encoded, method)
-    return [np.argsort(-w, kind="stable") for w in words], [np.argsort(-s, kind="stable") for s in sentences]
-
-
 def _keep_words(ids: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> Document:
     mask = np.zeros(len(ids), dtype=bool)
     mask[keep] = True
@@ -85,31 +81,59 @@ def _keep_words(ids: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> Docum
 
 
 def evaluate_faithfulness(
-    pipeline: Pipeline, texts: Sequence[str], methods: Sequence[str] = METHODS, tau_documents: int = 50, seed: int = 0
+    pipeline: Pipeline,
+    texts: Sequence[str],
+    methods: Sequence[str] = METHODS,
+    tau_documents: int = 50,
+    seed: int = 0,
+    budget_seconds: float | None = None,
+    min_documents: int = MIN_DOCUMENTS,
+    progress: Callable[[int], object] | None = None,
 ) -> dict:
-    """The measures above for each method and a random ranking, on ``texts`` (non-empty documents)."""
-    rng = np.random.default_rng(seed)
-    encoded, label, p = _predict(pipeline, texts)
+    """The measures above for each method and a random ranking, on ``texts`` (non-empty documents), in
+    order, GROUP at a time (``progress`` hears of each group). With ``budget_seconds`` it stops before a
+    group that would end past the budget, at its cost per word so far, once ``min_documents`` are
+    measured: ``documents`` says how many were (of ``offered``), ``stopped_by`` whether the "budget" or
+    the "count" (the end of ``texts``) ended it, ``seconds`` how long it took. Each document's random
+    draws come from a stream of its own, so the figures on the first n documents are the same however
+    many follow."""
+    start = time.monotonic()
+    encoded = [pipeline.encode(s) for s in pipeline.segment(list(texts))]
+    if not encoded:
+        raise ValueError("no documents to measure")
+    words = np.array([len(ids) for ids, _ in encoded])
+    parts: list[dict] = []
+    done, measuring, stopped_by = 0, 0.0, "count"
+    while done < len(encoded):
+        size = min(GROUP, len(encoded) - done)
+        if done < min_documents:
+            size = min(size, min_documents - done)
+        elif budget_seconds is not None:  # the longest next group that fits, at the cost per word so far
+            rate = measuring / max(int(words[:done].sum()), 1)
+            ends = time.monotonic() - start + rate * np.cumsum(words[done : done + size])
+            size = int(np.searchsorted(ends, budget_seconds, side="right"))
+            if not size:
+                stopped_by = "budget"
+                break
+        began = time.monotonic()
+        parts.append(_measure(pipeline, encoded[done : done + size], methods, seed, done, tau_documents - done))
+        measuring += time.monotonic() - began
+        done += size
+        if progress is not None:
+            progress(size)
     result: dict = {
-        "documents": len(encoded),
-        "sentences_per_document": sentence_counts([len(lengths) for _, lengths in encoded]),
+        "documents": done,
+        "offered": len(encoded),
+        "stopped_by": stopped_by,
+        "budget_seconds": budget_seconds,
+        "sentences_per_document": sentence_counts([len(lengths) for _, lengths in encoded[:done]]),
         "k_percent": list(K_PERCENT),
         "methods": {},
     }
     per_document: dict[str, dict[str, np.ndarray]] = {}
     for method in [*methods, RANDOM]:
-        word_rank, sentence_rank = _rankings(pipeline, encoded, method, rng)
-        comprehensiveness, sufficiency = [], []  # [k] of per-document drops
-        for k in K_PERCENT:
-            removed, kept = [], []
-            for (ids, lengths), order in zip(encoded, word_rank, strict=True):
-                top = order[: max(1, round(len(ids) * k / 100))]
-                rest = np.setdiff1d(np.arange(len(ids)), top)
-                removed.append(_keep_words(ids, lengths, rest))
-                kept.append(_keep_words(ids, lengths, top))
-            comprehensiveness.append(p - _probabilities(pipeline, removed, label))
-            sufficiency.append(p - _probabilities(pipeline, kept, label))
-        comp, suff = np.array(comprehensiveness), np.array(sufficiency)  # [k, documents]
+        measured = {key: np.concatenate([part[method][key] for part in parts], axis=-1) for key in parts[0][method]}
+        comp, suff = measured["comprehensiveness"], measured["sufficiency"]  # [k, documents]
         m: dict = {
             "comprehensiveness": comp.mean(1).tolist(),
             "sufficiency": suff.mean(1).tolist(),
@@ -118,11 +142,7 @@ def evaluate_faithfulness(
         }
         per_document[method] = {"comprehensiveness_aopc": comp.mean(0), "sufficiency_aopc": suff.mean(0)}
         for top in (1, 3):
-            if method == RANDOM:
-                removals = [_random_removals(len(lengths), top, rng) for _, lengths in encoded]
-            else:
-                removals = [[order[:top]] for order in sentence_rank]
-            drop, flip = _sentence_deletion(pipeline, encoded, removals, label, p)
+            drop, flip = measured[f"top{top}_sentence_drop"], measured[f"top{top}_sentence_flip_rate"]
             per_document[method][f"top{top}_sentence_drop"] = drop
             m[f"top{top}_sentence_drop"], m[f"top{top}_sentence_flip_rate"] = float(drop.mean()), float(flip.mean())
         result["methods"][method] = m
@@ -132,18 +152,75 @@ def evaluate_faithfulness(
             key: ratio_interval(values, per_document[RANDOM][key], _stream(seed, method, key))
             for key, values in per_document[method].items()
         }
-    result["kendall_tau"] = _kendall_tau(pipeline, encoded[:tau_documents], methods, rng)
+    result["kendall_tau"] = _kendall_tau([part["kendall_tau"] for part in parts])
+    result["seconds"] = time.monotonic() - start
     return result
+
+
+def _measure(
+    pipeline: Pipeline, encoded: Sequence[Encoded], methods: Sequence[str], seed: int, offset: int, tau_documents: int
+) -> dict:
+    """One group's per-document figures, per method: comprehensiveness and sufficiency [k, documents], the
+    sentence deletions' drops and flip rates [documents]; and the Kendall taus of its first ``tau_documents``."""
+    label, p = _predicted(pipeline, encoded)
+    draws = [np.random.default_rng([seed, _DOCUMENT, offset + i]) for i in range(len(encoded))]
+    out: dict = {}
+    word_weights: dict[str, list[np.ndarray]] = {}
+    for method in [*methods, RANDOM]:
+        if method == RANDOM:
+            word_rank = [rng.permutation(len(ids)) for rng, (ids, _) in zip(draws, encoded, strict=True)]
+        else:
+            word_weights[method], sentence_weights = _weights(pipeline, encoded, method)
+            word_rank = [np.argsort(-w, kind="stable") for w in word_weights[method]]
+            sentence_rank = [np.argsort(-w, kind="stable") for w in sentence_weights]
+        removed, kept = [], []  # every k's variants, run in one pass: [k * documents]
+        for k in K_PERCENT:
+            for (ids, lengths), order in zip(encoded, word_rank, strict=True):
+                top = order[: max(1, round(len(ids) * k / 100))]
+                removed.append(_keep_words(ids, lengths, np.setdiff1d(np.arange(len(ids)), top)))
+                kept.append(_keep_words(ids, lengths, top))
+        after = _probabilities(pipeline, removed + kept, np.tile(label, 2 * len(K_PERCENT)))
+        drops = p - after.reshape(2, len(K_PERCENT), len(p))
+        m = out[method] = {"comprehensiveness": drops[0], "sufficiency": drops[1]}
+        for top in (1, 3):
+            if method == RANDOM:
+                removals = [_random_removals(len(n), top, rng) for rng, (_, n) in zip(draws, encoded, strict=True)]
+            else:
+                removals = [[order[:top]] for order in sentence_rank]
+            drop, flip = _sentence_deletion(pipeline, encoded, removals, label, p)
+            m[f"top{top}_sentence_drop"], m[f"top{top}_sentence_flip_rate"] = drop, flip
+    out["kendall_tau"] = {}
+    tau_documents = max(0, min(tau_documents, len(encoded)))
+    if tau_documents:  # the methods' word weights as ranked above, against occlusion's
+        if "occlusion" in word_weights:
+            reference = word_weights["occlusion"]
+        else:
+            reference = _weights(pipeline, encoded[:tau_documents], "occlusion")[0]
+        word_weights[RANDOM] = [draws[i].random(len(encoded[i][0])) for i in range(tau_documents)]
+        for method, scores in word_weights.items():
+            if method != "occlusion":
+                out["kendall_tau"][method] = np.array(
+                    [
+                        kendalltau(a, b).statistic if len(a) > 1 else np.nan
+                        for a, b in zip(scores[:tau_documents], reference[:tau_documents], strict=True)
+                    ]
+                )
+    return out
+
+
+def _predicted(pipeline: Pipeline, encoded: Sequence[Encoded]) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' predicted labels and the probability of each."""
+    probs = np.zeros((len(encoded), len(pipeline.labels)))
+    for chunk, output in pipeline.forward(encoded):
+        probs[chunk] = pipeline.scores(output.logits)
+    label = probs.argmax(1)
+    return label, probs[np.arange(len(encoded)), label]
 
 
 def _predict(pipeline: Pipeline, texts: Sequence[str]) -> tuple[list[Encoded], np.ndarray, np.ndarray]:
     """The documents encoded, their predicted labels and the probability of each."""
     encoded = [pipeline.encode(s) for s in pipeline.segment(list(texts))]
-    probs = np.zeros((len(encoded), len(pipeline.labels)))
-    for chunk, output in pipeline.forward(encoded):
-        probs[chunk] = pipeline.scores(output.logits)
-    label = probs.argmax(1)
-    return encoded, label, probs[np.arange(len(encoded)), label]
+    return encoded, *_predicted(pipeline, encoded)
 
 
 def sentence_counts(counts: Sequence[int] | np.ndarray) -> dict[str, float]:
@@ -246,20 +323,17 @@ def _removal_effects(
     return p[owner] - after, flipped, owner
 
 
-def _kendall_tau(
-    pipeline: Pipeline, encoded: Sequence[Encoded], methods: Sequence[str], rng: np.random.Generator
-) -> dict:
-    """Mean per-document Kendall tau of each method's word ranking against leave-one-word-out."""
-    if not encoded:
+def _kendall_tau(groups: Sequence[dict[str, np.ndarray]]) -> dict:
+    """Each method's mean per-document Kendall tau against leave-one-word-out, over the groups' documents
+    of more than one word (None if none has); {} where no document was measured."""
+    measured = [g for g in groups if g]
+    if not measured:
         return {}
-    reference, _ = _weights(pipeline, encoded, "occlusion")
-    out = {"documents": len(encoded)}
-    for method in [m for m in methods if m != "occlusion"] + [RANDOM]:
-        scores = (
-            [rng.random(len(ids)) for ids, _ in encoded] if method == RANDOM else _weights(pipeline, encoded, method)[0]
-        )
-        taus = [kendalltau(a, b).statistic for a, b in zip(scores, reference, strict=True) if len(a) > 1]
-        out[method] = float(np.nanmean(taus)) if taus else None
+    out: dict = {"documents": sum(len(next(iter(g.values()))) for g in measured)}
+    for method in measured[0]:
+        taus = np.concatenate([g[method] for g in measured])
+        known = taus[~np.isnan(taus)]
+        out[method] = float(known.mean()) if len(known) else None
     return out
 
 

@@ -10,7 +10,7 @@ results back in input order). The stages are methods so that a caller can see an
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,7 +26,20 @@ from han.saved_model import SavedModel
 from han.segment import Segment, Segmenter, token_key
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
+# Told (stage, documents just done) as a long call advances: "segment", then "classify" (a progress bar's feed).
+Progress = Callable[[str, int], object]
 EMPTY_REASON = "the document has no words (only whitespace or markup)"
+
+
+def _told(segments: Iterable[Segment], progress: Progress, every: int = 256) -> Iterator[Segment]:
+    """``segments`` as they come, telling ``progress`` every ``every`` documents and at the end."""
+    n = 0
+    for n, segment in enumerate(segments, 1):
+        yield segment
+        if n % every == 0:
+            progress("segment", every)
+    if n % every:
+        progress("segment", n % every)
 
 
 class InvalidDocumentError(ValueError):
@@ -88,14 +101,24 @@ class Pipeline:
             raise ValueError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
         return self._run(texts, explain, errors, None, method if explain is not None else "attention")
 
-    def with_logits(self, texts: Sequence[str]) -> tuple[list[DocumentResult], np.ndarray]:
+    def with_logits(
+        self, texts: Sequence[str], progress: Progress | None = None
+    ) -> tuple[list[DocumentResult], np.ndarray]:
         """``__call__`` (no explanation, bad documents raise) that also returns the raw logits
-        [documents, labels], before calibration: what evaluation needs to measure it."""
+        [documents, labels], before calibration: what evaluation needs to measure it. ``progress``
+        hears of each model batch and every few hundred documents segmented, inside the one call, so
+        the results are those of a call without it."""
         logits = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
-        return self._run(texts, None, "raise", logits, "attention"), logits  # type: ignore[return-value]
+        return self._run(texts, None, "raise", logits, "attention", progress), logits  # type: ignore[return-value]
 
     def _run(
-        self, texts: Sequence[object], explain: Explain, errors: Errors, logits: np.ndarray | None, method: str
+        self,
+        texts: Sequence[object],
+        explain: Explain,
+        errors: Errors,
+        logits: np.ndarray | None,
+        method: str,
+        progress: Progress | None = None,
     ) -> list[DocumentResult | DocumentError]:
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
         valid = []
@@ -108,7 +131,11 @@ class Pipeline:
             else:
                 out[i] = DocumentError(i, problem)
         kept, segments = [], []
-        for i, segment in zip(valid, self.segment([texts[i] for i in valid]), strict=True):  # type: ignore[misc]
+        documents: list[str] = [texts[i] for i in valid]  # type: ignore[misc]
+        segmented = (
+            self.segment(documents) if progress is None else _told(self.segmenter.segment_many(documents), progress)
+        )
+        for i, segment in zip(valid, segmented, strict=True):
             if not segment.is_empty:
                 kept.append(i)
                 segments.append(segment)
@@ -128,6 +155,8 @@ class Pipeline:
                     result.method = method
                     self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
                 out[kept[k]] = result
+            if progress is not None:
+                progress("classify", len(chunk))
         return out  # type: ignore[return-value]
 
     # -- the stages ------------------------------------------------------------------------------

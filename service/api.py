@@ -74,6 +74,10 @@ class ModelInfo(BaseModel):
         description="What it was trained on (its metadata's dataset, else train_data), if recorded."
     )
     metrics: dict[str, Any] | None = Field(description="Evaluation metrics (from its metadata), if recorded.")
+    baseline: dict[str, Any] | None = Field(
+        description="TF-IDF + logistic regression trained on the same labelled documents, scored on the same splits "
+        "with the same metrics as `metrics` (and, when it scored above the model on validation, `advice`), if recorded."
+    )
     faithfulness: dict[str, Any] | None = Field(
         description="How faithful each explanation method was on held-out data, if measured: each measure, the random "
         "ranking's, and their ratio (x_random) with a bootstrap interval over the documents."
@@ -109,6 +113,7 @@ def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo
         trained_at=None if meta.get("trained_at") is None else str(meta["trained_at"]),
         dataset=next((str(meta[key]) for key in ("dataset", "train_data") if meta.get(key) is not None), None),
         metrics=metrics,
+        baseline=meta["baseline"] if isinstance(meta.get("baseline"), dict) else None,
         faithfulness=meta["faithfulness"] if isinstance(meta.get("faithfulness"), dict) else None,
         explanation_methods=list(METHODS),
         metadata=meta,

@@ -47,6 +47,7 @@ DOM = """() => {
     legend: {attention: shown('legend-sentence') && shown('legend-word'),
              signed: shown('legend-for') && shown('legend-against')},
     faithfulness: document.getElementById('faithfulness').textContent,
+    baseline: document.getElementById('baseline').textContent,
   };
 }"""
 
@@ -119,6 +120,13 @@ def test_page_classifies_and_highlights_a_review(server, page: Page, tmp_path):
     assert all(_alpha(s["background"]) > 0 for s in dom["sentences"])
     assert dom["legend"] == {"attention": True, "signed": False}
     assert shot.stat().st_size > 10_000
+    # The model's test accuracy beside the TF-IDF baseline's (the model's metadata, GET /model).
+    _, info = server.get_json("/model")
+    shown = re.fullmatch(r"test accuracy ([\d.]+) \u2014 TF-IDF \+ logistic regression baseline ([\d.]+)",
+                         dom["baseline"])
+    assert shown, dom["baseline"]
+    assert [float(v) for v in shown.groups()] == pytest.approx(
+        [info["metrics"]["test"]["accuracy"], info["baseline"]["test"]["accuracy"]], abs=6e-4)
 
 
 def test_the_method_selector_explains_with_a_signed_method_in_two_colours(server, page: Page, tmp_path):

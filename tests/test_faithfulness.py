@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from han import HAN, HANConfig, Pipeline, SavedModel, SegmenterConfig, Vocabulary
-from han.faithfulness import K_PERCENT, evaluate_faithfulness, ratio_interval, sentence_drops
+from han.faithfulness import GROUP, K_PERCENT, MIN_DOCUMENTS, evaluate_faithfulness, ratio_interval, sentence_drops
+from training.faithfulness_report import faithfulness_report
 
 WORDS = ["plot", "film", "acting", "story", "long", "music", "scene", "cast"]
 
@@ -150,3 +154,64 @@ def test_ratio_interval_covers_the_true_ratio_about_as_often_as_it_says() -> Non
         widths.append(high - low)
     assert 0.91 <= covered / 1000 <= 0.975
     assert 0.5 < np.median(widths) < truth  # an interval, neither a point nor everything
+
+
+def reviews(n: int) -> list[str]:
+    """``n`` documents of one to five sentences of WORDS; every other one has the word in one sentence."""
+    rng = np.random.default_rng(7)
+    texts = []
+    for i in range(n):
+        sentences = [" ".join(rng.choice(WORDS, size=rng.integers(3, 8))) for _ in range(rng.integers(1, 6))]
+        if i % 2:
+            sentences[rng.integers(len(sentences))] = "the acting was superb"
+        texts.append(" ".join(f"{s.capitalize()}." for s in sentences))
+    return texts
+
+
+def numbers(value: object, path: str = "") -> dict[str, float | None]:
+    """Every number of a nested result, by its path: to compare two results key by key."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in numbers(item, f"{path}/{key}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in numbers(item, f"{path}/{i}").items()}
+    return {path: value} if value is None or isinstance(value, int | float) else {}
+
+
+def test_a_spent_budget_stops_after_the_minimum_and_says_so() -> None:
+    pipeline = Pipeline(one_word_model())
+    texts = reviews(45)
+    groups: list[int] = []
+    result = evaluate_faithfulness(pipeline, texts, tau_documents=50, budget_seconds=1e-9, progress=groups.append)
+    assert result["documents"] == MIN_DOCUMENTS == sum(groups) and max(groups) <= GROUP
+    assert (result["stopped_by"], result["offered"], result["budget_seconds"]) == ("budget", 45, 1e-9)
+    assert result["kendall_tau"]["documents"] == MIN_DOCUMENTS  # the Kendall tau part is cut with the rest
+    assert result["methods"]["occlusion"]["x_random"]["top1_sentence_drop"]["interval"] is not None  # the minimum's use
+    # Without a budget every document offered is measured; with fewer than the minimum, all of them.
+    everything = evaluate_faithfulness(pipeline, texts, methods=["attention"], tau_documents=0, progress=groups.append)
+    assert (everything["documents"], everything["stopped_by"], sum(groups)) == (45, "count", 20 + 45)
+    few = evaluate_faithfulness(pipeline, texts[:7], methods=["attention"], tau_documents=0, budget_seconds=1e-9)
+    assert (few["documents"], few["stopped_by"]) == (7, "count")
+
+
+def test_a_budget_cut_result_is_exactly_the_measure_of_the_documents_it_counts(tmp_path: Path) -> None:
+    """Cut short by its budget, the result is the full measurement of its first ``documents`` texts, and
+    no more: each document's random draws are its own, so the documents left out change nothing. The
+    report (faithfulness.json, the summary) counts the same documents, from its random sample's start."""
+    pipeline = Pipeline(one_word_model())
+    texts = reviews(45)
+    cut = evaluate_faithfulness(pipeline, texts, tau_documents=50, budget_seconds=1e-9)
+    alone = evaluate_faithfulness(pipeline, texts[: cut["documents"]], tau_documents=50)
+    assert alone["stopped_by"] == "count"
+    same = {key for key in numbers(cut) if key not in ("/offered", "/stopped_by", "/budget_seconds", "/seconds")}
+    assert {k: numbers(cut)[k] for k in same} == pytest.approx({k: numbers(alone)[k] for k in same}, abs=1e-9)
+
+    groups: list[int] = []
+    summary = faithfulness_report(pipeline, texts, 30, 50, tmp_path, "cut", budget_seconds=1e-9,
+                                  progress=groups.append)
+    written = json.loads((tmp_path / "faithfulness.json").read_text())
+    assert summary["documents"] == written["documents"] == written["kendall_tau"]["documents"] == sum(groups) == 20
+    assert (summary["offered"], summary["stopped_by"], written["stopped_by"]) == (30, "budget", "budget")
+    sample = [texts[i] for i in np.random.default_rng(0).choice(len(texts), size=30, replace=False)]  # the report's
+    counts = [len(s.lengths) for s in pipeline.segment(sample)]
+    assert written["sentences_per_document"]["mean"] == pytest.approx(np.mean(counts[:20]))
+    assert np.mean(counts[:20]) != pytest.approx(np.mean(counts))  # so the line above tells them apart

@@ -103,3 +103,19 @@ def test_top_k_explanations_are_the_heaviest_spans_of_the_full_one(pipeline: Pip
     for word, (weight, _) in zip(top.top_words, doc_words, strict=False):
         assert abs(word.weight - weight) < 1e-5
         assert text[word.start : word.end] == word.text
+
+
+def test_progress_hears_every_document_of_each_stage_and_changes_nothing(pipeline: Pipeline) -> None:
+    """What evaluation's progress bar is fed: segmenting, then classifying, each counting every document
+    once; the results and logits are those of the same call without it (the batches are the same)."""
+    texts = [("Superb acting, a wonderful film. " * (n % 5 + 1)) if n % 2 else "Awful. Boring. " * (n % 3 + 1)
+             for n in range(300)]  # more than one report's worth of segmented documents (256)
+    heard: list[tuple[str, int]] = []
+    results, logits = pipeline.with_logits(texts, lambda stage, n: heard.append((stage, n)))
+    plain, plain_logits = pipeline.with_logits(texts)
+    assert results == plain and (logits == plain_logits).all()
+    stages = [stage for stage, _ in heard]
+    assert stages == ["segment"] * stages.count("segment") + ["classify"] * stages.count("classify")
+    assert stages.count("segment") == 2 and stages.count("classify") == 100  # batches of 3
+    assert sum(n for stage, n in heard if stage == "segment") == sum(n for stage, n in heard if stage == "classify")
+    assert sum(n for stage, n in heard if stage == "segment") == len(texts)

@@ -36,6 +36,10 @@ def test_the_second_model_trains_on_the_teachers_most_confident_labels(tmp_path:
     reports = [json.loads((r / "report" / "validation" / "metrics.json").read_text()) for r in (root / "teacher", root)]
     assert reports[0]["documents"] == reports[1]["documents"] == len(rows(REVIEWS))
     assert student.metadata["metrics"]["test"]["accuracy"] >= 0.9
+    # the TF-IDF baseline learns from the human-labelled documents only (the second fit's training
+    # split also holds the 16 pseudo-labelled ones); the teacher, never exported, trains none
+    assert "baseline" not in teacher.metadata
+    assert student.metadata["baseline"]["training_documents"] == len(rows(REVIEWS))
 
 
 def test_without_unlabelled_text_one_model_is_trained(tmp_path: Path) -> None:

@@ -127,7 +127,14 @@ def test_model_endpoint_describes_the_served_model(server, predictor):
     assert info["threshold"] is None
     assert info["dataset"] == "fixture"
     assert info["metadata"]["dataset"] == "fixture"
-    assert info["trained_at"] is None and info["metrics"] is None  # the tiny model records neither
+    assert info["trained_at"] is None  # the tiny model does not record it
+    # Its test figures beside the TF-IDF baseline's, on the same reviews (tests/conftest.py)
+    assert info["metrics"] == predictor.saved.metadata["metrics"] and 0 < info["metrics"]["test"]["accuracy"] <= 1
+    assert info["calibration"] == {"test": {k: info["metrics"]["test"][k] for k in ("ece_before", "ece_after")}}
+    assert info["baseline"] == predictor.saved.metadata["baseline"]
+    assert info["baseline"]["model"] == "TF-IDF 1-2 grams + logistic regression"
+    assert set(info["baseline"]["test"]) == {"accuracy", "macro_f1"}
+    assert 0 < info["baseline"]["test"]["accuracy"] <= 1
     assert info["architecture"]["vocab_size"] == len(predictor.saved.vocab)
     assert info["limits"]["max_documents"] == MAX_DOCUMENTS
     assert info["limits"]["max_sentences"] == predictor.saved.segmenter.max_sentences

@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ import pytest
 import model_store
 from han import Pipeline, SavedModel
 from tests.conftest import REPO
+from training.baseline import advice
 from training.cli import main
+from training.data import HANDataModule
 
 SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
 REVIEWS = REPO / "data" / "fixtures" / "reviews.jsonl"
@@ -146,11 +149,20 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> 
 
 
 def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    root = fit(tmp_path, "--export.faithfulness", "0")
-    assert not (root / "report" / "test" / "faithfulness.json").exists()
     caplog.set_level(logging.INFO)
+    root = fit(tmp_path, "--export.faithfulness", "0", "--export.baseline", "false")
+    assert not (root / "report" / "test" / "faithfulness.json").exists()
+    # --export.baseline false: no TF-IDF baseline in the log, the report or the model's metadata
+    assert "baseline" not in json.loads((root / "report" / "test" / "metrics.json").read_text())
+    assert "baseline" not in SavedModel.load(root / "model").metadata
+    assert "baseline (TF-IDF" not in caplog.text and "HAN against the baseline" not in caplog.text
     main(["test", "--config", SMOKE, "--trainer.default_root_dir", str(root),
           "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
+    # `han-train test` trains the baseline (on by default) and reports it beside the model on the test split
+    baseline = json.loads((root / "report" / "test" / "metrics.json").read_text())["baseline"]
+    assert set(baseline) == {"model", "accuracy", "macro_f1"} and 0 < baseline["accuracy"] <= 1
+    assert "baseline (TF-IDF 1-2 grams + logistic regression) on 32 training documents: " in caplog.text
+    assert "test: HAN against the baseline" in caplog.text
     faithfulness = json.loads((root / "report" / "test" / "faithfulness.json").read_text())
     assert set(faithfulness["methods"]) == {"attention", "attention_gradient", "integrated_gradients", "occlusion",
                                             "random"}
@@ -171,6 +183,24 @@ def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     assert set(saved.metadata["metrics"]["test"]) == {"micro_f1", "macro_f1", "exact_match", "ece_before", "ece_after"}
     report = json.loads((root / "report" / "test" / "metrics.json").read_text())
     assert set(report["per_label_f1"]) == {"crude", "grain", "interest"}
+    # The TF-IDF baseline, one-vs-rest, with its threshold chosen like the HAN's (validation = test here)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import f1_score
+    from sklearn.multiclass import OneVsRestClassifier
+
+    from training.report import threshold_with_best_micro_f1
+
+    baseline = saved.metadata["baseline"]
+    texts = [r["text"] for r in rows(TOPICS)]
+    truth = np.array([[label in r["labels"] for label in saved.labels] for r in rows(TOPICS)], dtype=int)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
+    ovr = OneVsRestClassifier(LogisticRegression(C=10, max_iter=2000)).fit(vectorizer.fit_transform(texts), truth)
+    probs = ovr.predict_proba(vectorizer.transform(texts))
+    assert baseline["threshold"] == threshold_with_best_micro_f1(probs, truth)
+    micro_f1 = round(float(f1_score(truth, probs >= baseline["threshold"], average="micro")), 4)
+    assert report["baseline"]["micro_f1"] == baseline["test"]["micro_f1"] == micro_f1 > 0
+    assert set(baseline["test"]) == {"micro_f1", "macro_f1", "exact_match"}
 
 
 def test_multi_label_threshold_is_tuned_on_validation_unless_given(tmp_path: Path) -> None:
@@ -190,6 +220,56 @@ def test_multi_label_threshold_is_tuned_on_validation_unless_given(tmp_path: Pat
     root = fit(tmp_path / "fixed", "--data.label_column", "labels", "--data.multi_label", "true",
                "--trainer.max_epochs", "4", "--export.threshold", "0.3", data=TOPICS)
     assert SavedModel.load(root / "model").threshold == 0.3
+
+
+def test_fit_trains_the_tfidf_baseline_on_the_hans_training_split_and_reports_it_beside_the_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TF-IDF + logistic regression on the HAN's training split (validation carved out of it), scored on
+    the same validation and test documents: the log, metrics.json, the text report and the model's
+    metadata hold the figures a plain scikit-learn pipeline gets on that split."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, f1_score
+
+    caplog.set_level(logging.INFO)
+    root = fit(tmp_path, "--data.validation", "null", "--data.val_fraction", "0.25", "--export.faithfulness", "0")
+    saved = SavedModel.load(root / "model")
+    baseline = saved.metadata["baseline"]
+    assert baseline["model"] == "TF-IDF 1-2 grams + logistic regression"
+    assert baseline["training_documents"] == 24  # 32 reviews, a quarter held out for validation
+    assert re.search(r"baseline \(TF-IDF 1-2 grams \+ logistic regression\) on 24 training documents: [\d.]+ s",
+                     caplog.text)
+    data = HANDataModule(str(REVIEWS), test=str(REVIEWS), val_fraction=0.25, min_freq=1, max_sentences=8,
+                         max_words=20, cache_dir=str(tmp_path / "cache"))  # the smoke run's data
+    data.setup()
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)  # min_df=2 from 100 documents
+    model = LogisticRegression(C=10, max_iter=2000).fit(vectorizer.fit_transform(data.texts("train")),
+                                                        data.splits["train"].targets.numpy())
+    for split in ("validation", "test"):
+        truth = data.splits[split].targets.numpy()
+        predicted = model.predict(vectorizer.transform(data.texts(split)))
+        expected = {"accuracy": round(float(accuracy_score(truth, predicted)), 4),
+                    "macro_f1": round(float(f1_score(truth, predicted, average="macro")), 4)}
+        assert baseline[split] == expected and 0 <= expected["accuracy"] <= 1 and 0 <= expected["macro_f1"] <= 1
+        assert json.loads((root / "report" / split / "metrics.json").read_text())["baseline"] == {
+            "model": baseline["model"], **expected}
+        text = (root / "report" / split / "classification_report.txt").read_text()
+        assert f"baseline, TF-IDF 1-2 grams + logistic regression: accuracy {expected['accuracy']:.3f}" in text
+        han = saved.metadata["metrics"][split]["accuracy"]  # the log's table: HAN, baseline, difference
+        assert f"{split}: HAN against the baseline" in caplog.text
+        assert f"accuracy {han:>7.4f} {expected['accuracy']:>9.4f} {han - expected['accuracy']:>+11.4f}" in caplog.text
+    ahead = baseline["validation"]["accuracy"] > saved.metadata["metrics"]["validation"]["accuracy"]
+    assert ("advice" in baseline) == ("the TF-IDF baseline is ahead on validation" in caplog.text) == ahead
+
+
+def test_the_baseline_advice_is_given_only_when_it_is_ahead_on_validation() -> None:
+    line = advice({"accuracy": 0.864, "macro_f1": 0.86}, {"accuracy": 0.889, "macro_f1": 0.88})
+    assert line and line.startswith("the TF-IDF baseline is ahead on validation (accuracy 0.889 against 0.864): try")
+    assert "--model.embeddings" in line and "--data.unlabeled" in line
+    assert advice({"accuracy": 0.889}, {"accuracy": 0.864}) is None
+    assert advice({"accuracy": 0.889}, {"accuracy": 0.889}) is None
+    assert "(micro-F1 0.850 against 0.800)" in (advice({"micro_f1": 0.8}, {"micro_f1": 0.85}) or "")
 
 
 def test_integer_labels_are_read_as_class_names(tmp_path: Path) -> None:

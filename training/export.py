@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,10 @@ from pytorch_lightning.utilities import rank_zero_info
 from han.calibration import fit_temperature
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
+from training.baseline import MODEL as BASELINE_MODEL
+from training.baseline import advice, run_baseline, side_by_side
 from training.faithfulness_report import faithfulness_report
+from training.progress import Step, show_in
 from training.report import best_threshold, evaluate, headline, write_report
 
 
@@ -59,13 +63,23 @@ class ExportModel(pl.Callback):
             method is measured against a random one (0 skips it); see han.faithfulness.
         faithfulness_tau: of those, how many also get the Kendall tau against leave-one-word-out
             (it runs the model once per word).
+        faithfulness_budget: in ``fit``, the check's time as a share of the fit's so far (from its
+            setup, after tokenising, to the check): it stops adding documents where the next would go
+            past it, keeping at least 20 (what the bootstrap intervals need), so that on long
+            documents it cannot take longer than the training; the report says how many it measured
+            and why it stopped. null: the count alone decides (as in ``test``: no fit to share).
+        baseline: also train TF-IDF 1-2 grams + logistic regression on the same labelled training
+            documents (seconds) and report it beside the model on the same splits and metrics, so
+            every run says whether the HAN is worth its cost (see training.baseline).
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
                  threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
-                 faithfulness_tau: int = 50) -> None:
+                 faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1) -> None:
         if faithfulness < 0 or faithfulness_tau < 0:
             raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
+        if faithfulness_budget is not None and not faithfulness_budget > 0:
+            raise ValueError(f"export.faithfulness_budget must be above 0 (null for none), not {faithfulness_budget}")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
         self.name = name
@@ -75,7 +89,17 @@ class ExportModel(pl.Callback):
         self.calibrate = calibrate
         self.faithfulness = faithfulness
         self.faithfulness_tau = faithfulness_tau
+        self.faithfulness_budget = faithfulness_budget
+        self._fit_started: float | None = None  # the faithfulness budget's clock (fit only)
+        self.baseline = baseline
         self.tag: str | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._fit_started = time.monotonic() if stage == "fit" else None
+        show_in(trainer.progress_bar_callback)  # the export's bars go where the trainer's are
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        show_in(None)
 
     def _root(self, trainer: pl.Trainer) -> Path:
         return Path(self.output_dir or trainer.default_root_dir)
@@ -87,13 +111,20 @@ class ExportModel(pl.Callback):
         data = trainer.datamodule
         metrics: dict[str, Any] = {}
         best_score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-        if best_score is not None:
-            metrics["validation_score"] = round(float(best_score), 4)
-        for split in ("validation", "test"):
-            if split in data.splits:
-                report = self._report(saved, data, split, self._root(trainer) / "report" / split)
-                metrics[split] = headline(report)
+        if best_score is not None:  # what the best checkpoint was chosen by: the score, or the loss
+            monitor = trainer.checkpoint_callback.monitor
+            metrics["validation_loss" if monitor == "val/loss" else "validation_score"] = round(float(best_score), 4)
+        splits = [split for split in ("validation", "test") if split in data.splits]
+        baseline = run_baseline(data, splits, self.threshold) if self.baseline else None
+        for split in splits:
+            report = self._report(saved, data, split, self._root(trainer) / "report" / split, baseline)
+            metrics[split] = headline(report)
         saved.metadata["metrics"] = metrics
+        if baseline:
+            if ahead := advice(metrics.get("validation", {}), baseline.get("validation", {})):
+                rank_zero_info(ahead)
+                baseline["advice"] = ahead
+            saved.metadata["baseline"] = baseline
         if faithfulness := self._faithfulness(saved, data, self._root(trainer) / "report"):
             saved.metadata["faithfulness"] = faithfulness
         directory = saved.save(self._root(trainer) / "model")
@@ -107,7 +138,8 @@ class ExportModel(pl.Callback):
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
-            self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test")
+            baseline = run_baseline(trainer.datamodule, ["test"], self.threshold) if self.baseline else None
+            self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test", baseline)
             self._faithfulness(saved, trainer.datamodule, self._root(trainer) / "report")
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -135,7 +167,8 @@ class ExportModel(pl.Callback):
         saved = SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
         if self.calibrate and "validation" in data.splits:
             texts, targets = _split(data, "validation")
-            _, logits = Pipeline(saved, batch_size=256).with_logits(texts)
+            with Step("calibrating on validation", len(texts)) as step:
+                _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
             saved.temperature = fit_temperature(logits, targets, net.config.multi_label)
             saved.metadata["temperature_from"] = "lowest negative log-likelihood on the validation split"
             rank_zero_info(f"calibration temperature: {saved.temperature:.4g}")
@@ -143,7 +176,8 @@ class ExportModel(pl.Callback):
             if self.threshold is not None:
                 saved.threshold = self.threshold
             else:
-                saved.threshold = best_threshold(Pipeline(saved, batch_size=256), *_split(data, "validation"))
+                with Step("choosing the threshold on validation", len(data.texts("validation"))):
+                    saved.threshold = best_threshold(Pipeline(saved, batch_size=256), *_split(data, "validation"))
                 saved.metadata["threshold_from"] = "best micro-F1 on the validation split"
             rank_zero_info(f"multi-label decision threshold: {saved.threshold}")
         return saved
@@ -153,19 +187,36 @@ class ExportModel(pl.Callback):
         if not self.faithfulness:
             return None
         title = f"{saved.metadata.get('name') or 'model'}: explanation faithfulness on {split}"
-        summary = faithfulness_report(Pipeline(saved, batch_size=256), data.texts(split), self.faithfulness,
-                                      self.faithfulness_tau, root / split, title)
+        texts, budget, limit = data.texts(split), None, "no time budget"
+        if self.faithfulness_budget is not None and self._fit_started is not None:
+            fit_seconds = time.monotonic() - self._fit_started
+            budget = self.faithfulness_budget * fit_seconds
+            limit = f"budget {budget:.1f} s: {self.faithfulness_budget:.0%} of the fit's {fit_seconds:.0f} s so far"
+        with Step(f"faithfulness on {split}", min(self.faithfulness, len(texts)), detail=f", {limit}") as step:
+            summary = faithfulness_report(Pipeline(saved, batch_size=256), texts, self.faithfulness,
+                                          self.faithfulness_tau, root / split, title, budget_seconds=budget,
+                                          progress=step.update)
+            step.count = summary["documents"]
+            step.detail = f", stopped by the {summary['stopped_by']} ({limit}; {summary['offered']:,} sampled)"
         rank_zero_info(f"faithfulness on {split} ({summary['documents']} documents): " + "; ".join(
             f"{m} comprehensiveness {v['comprehensiveness_aopc']:.3f} sufficiency {v['sufficiency_aopc']:.3f}"
             + _top_sentence(v) for m, v in summary["methods"].items()))
         return {"split": split, **summary}
 
     @staticmethod
-    def _report(saved: SavedModel, data: Any, split: str, directory: Path) -> dict[str, Any]:
-        report = evaluate(Pipeline(saved, batch_size=256), *_split(data, split))
+    def _report(saved: SavedModel, data: Any, split: str, directory: Path,
+                baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+        with Step(f"evaluating {split}", len(data.texts(split))) as step:
+            report = evaluate(Pipeline(saved, batch_size=256), *_split(data, split), progress=step.stage)
         title = f"{saved.metadata.get('name') or 'model'} on {split} ({report['documents']} documents)"
+        if baseline:  # into metrics.json and the text report, beside the model's own figures
+            report["baseline"] = {"model": BASELINE_MODEL, **baseline[split]}
+            report["text"] += "\nbaseline, " + BASELINE_MODEL + ": " + ", ".join(
+                f"{key} {value:.3f}" for key, value in baseline[split].items()) + "\n"
         write_report(report, directory, title)
         rank_zero_info(f"\n{title}\n{report['text']}\nreport written to {directory}")
+        if baseline:
+            rank_zero_info(side_by_side(split, headline(report), baseline[split]))
         return report
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +16,20 @@ import numpy as np
 from han.faithfulness import evaluate_faithfulness
 from han.pipeline import Pipeline
 
+RUN_KEYS = ("offered", "stopped_by", "budget_seconds", "seconds")  # how many were measured, and why no more
 SUMMARY_KEYS = ("comprehensiveness_aopc", "sufficiency_aopc", "top1_sentence_drop", "top1_sentence_flip_rate")
 
 
 def faithfulness_report(pipeline: Pipeline, texts: list[str], documents: int, tau_documents: int, directory: Path,
-                        title: str, seed: int = 0) -> dict[str, Any]:
-    """Measure a seeded sample of ``documents`` texts; write faithfulness.json and .png; return a summary."""
+                        title: str, seed: int = 0, budget_seconds: float | None = None,
+                        progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """Measure a seeded sample of ``documents`` texts, in the sample's random order so that where
+    ``budget_seconds`` stops it early the documents measured are a random sample too (see
+    han.faithfulness.evaluate_faithfulness); write faithfulness.json and .png; return a summary."""
     rng = np.random.default_rng(seed)
-    sample = [texts[i] for i in sorted(rng.choice(len(texts), size=min(documents, len(texts)), replace=False))]
-    result = evaluate_faithfulness(pipeline, sample, tau_documents=tau_documents, seed=seed)
+    sample = [texts[i] for i in rng.choice(len(texts), size=min(documents, len(texts)), replace=False)]
+    result = evaluate_faithfulness(pipeline, sample, tau_documents=tau_documents, seed=seed,
+                                   budget_seconds=budget_seconds, progress=progress)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "faithfulness.json").write_text(json.dumps(result, indent=2))
     _plot(result, directory / "faithfulness.png", title)
@@ -35,7 +41,12 @@ def faithfulness_report(pipeline: Pipeline, texts: list[str], documents: int, ta
         if method in summary and tau is not None:
             summary[method]["kendall_tau_vs_leave_one_out"] = round(tau, 4)
     sentences = {k: round(v, 2) for k, v in result["sentences_per_document"].items()}
-    return {"documents": result["documents"], "sentences_per_document": sentences, "methods": summary}
+    run = {k: _round(result[k], 1) for k in RUN_KEYS}
+    return {"documents": result["documents"], **run, "sentences_per_document": sentences, "methods": summary}
+
+
+def _round(value: Any, digits: int) -> Any:
+    return round(value, digits) if isinstance(value, float) else value
 
 
 def _rounded(ratio: dict[str, Any]) -> dict[str, Any]:

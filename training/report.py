@@ -14,15 +14,17 @@ import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, confusion_matrix, f1_score
 
 from han import calibration
-from han.pipeline import Pipeline
+from han.pipeline import Pipeline, Progress
 from han.results import DocumentResult
 
 
-def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> dict[str, Any]:
+def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray,
+             progress: Progress | None = None) -> dict[str, Any]:
     """Classify ``texts`` through the inference pipeline and compare with ``targets``: class
     indices (single-label) or a 0/1 matrix (multi-label). ``results`` holds each document's result;
-    ``calibration`` the expected calibration error before and after the model's temperature."""
-    results, logits = pipeline.with_logits(texts)
+    ``calibration`` the expected calibration error before and after the model's temperature.
+    ``progress`` follows the pipeline's stages (training.progress.Step.stage)."""
+    results, logits = pipeline.with_logits(texts, progress)
     labels = pipeline.labels
     report: dict[str, Any] = {
         "documents": len(texts),
@@ -76,6 +78,12 @@ def calibration_report(logits: np.ndarray, targets: np.ndarray, multi_label: boo
 def best_threshold(pipeline: Pipeline, texts: list[str], targets: np.ndarray) -> float:
     """The multi-label decision threshold (0.05 to 0.95 in steps of 0.05) with the best micro-F1 on these documents."""
     probs = np.array([[r.scores[label] for label in pipeline.labels] for r in pipeline(texts)])
+    return threshold_with_best_micro_f1(probs, targets)
+
+
+def threshold_with_best_micro_f1(probs: np.ndarray, targets: np.ndarray) -> float:
+    """Of 0.05 to 0.95 in steps of 0.05, the threshold on ``probs`` with the best micro-F1 against
+    ``targets`` (a 0/1 matrix); shared by the HAN and its TF-IDF baseline so both decide alike."""
     truth = targets.astype(bool)
     candidates = [round(0.05 * i, 2) for i in range(1, 20)]
     scores = {t: f1_score(truth, probs >= t, average="micro", zero_division=0) for t in candidates}
