@@ -5,6 +5,7 @@
     python benchmarks/accuracy.py imdb --han-run runs/imdb   # reuse a finished `han-train fit` run
     python benchmarks/accuracy.py imdb 20newsgroups --labelled 2000   # few labels: 2,000 labelled + the rest unlabelled
     python benchmarks/accuracy.py imdb --han-args="--model.nb_features true"   # any han-train override
+    python benchmarks/accuracy.py --suite --jobs 2      # the default recipe across settings (benchmarks/suite.py)
 
 Baseline: TF-IDF uni+bigrams (sublinear tf, min_df=2) + LogisticRegression(C=10), or one-vs-rest
 LinearSVC for multi-label Reuters. HAN: `han-train fit --config data/configs/<dataset>.yaml`.
@@ -129,7 +130,13 @@ def _epoch_figures(run: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("datasets", nargs="*", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("datasets", nargs="*", choices=[*DATASETS, []], help="default: all four")
+    parser.add_argument("--suite", action="store_true", help="the development suite of settings (benchmarks/suite.py)")
+    parser.add_argument("--only", nargs="*", help="with --suite: these settings only")
+    parser.add_argument("--vectors", nargs="*", default=["word2vec", "glove"], choices=["word2vec", "glove"],
+                        help="with --suite: word vectors built from the data, GloVe 6B 50d, or both")
+    parser.add_argument("--jobs", type=int, default=1, help="with --suite: fits at a time, each on its own core")
+    parser.add_argument("--runs", type=Path, default=REPO / "runs" / "suite", help="with --suite: where runs go")
     parser.add_argument("--han-run", type=Path, help="read the HAN's figures from this finished run (one dataset)")
     parser.add_argument("--skip-han", action="store_true", help="baseline only")
     parser.add_argument("--labelled", type=int, help="few labels: train on N labelled documents, the rest unlabelled")
@@ -137,9 +144,15 @@ def main() -> None:
     parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
     args = parser.parse_args()
     apply_defaults()
+    if args.suite:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import suite
+
+        suite.main(args.only, args.vectors, args.jobs, args.runs)
+        return
     rows = []
     workdir = Path(tempfile.mkdtemp(prefix="han-accuracy-"))
-    for name in args.datasets:
+    for name in args.datasets or list(DATASETS):
         extra = shlex.split(args.han_args)
         train_path = None
         if args.labelled:

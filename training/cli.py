@@ -20,6 +20,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from han.environment import apply_defaults
 from han.saved_model import ModelDirectoryError
+from training import recipe
 from training.data import HANDataModule
 from training.export import CheckpointError, ExportModel
 from training.module import HANClassifier
@@ -36,8 +37,7 @@ class HANCLI(LightningCLI):
             parser.link_arguments(f"data.{size}", f"model.{size}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({
-            "checkpoint.monitor": "val/score",
-            "checkpoint.mode": "max",
+            "checkpoint.monitor": None,  # by the schedule: training.recipe
             "checkpoint.save_last": True,
             "checkpoint.filename": "epoch{epoch}-score{val/score:.4f}",
             "checkpoint.auto_insert_metric_name": False,
@@ -58,7 +58,10 @@ class HANCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         configs = config.get("config") or []
-        run_name = Path(str(configs[-1])).stem if configs else "han"
+        # A run is named after its last config, else after its training data (runs/my_reviews, han-my_reviews).
+        run_name = Path(str(configs[-1])).stem if configs else Path(str(config.data.train)).stem or "han"
+        for line in recipe.apply(config):
+            print(line, file=sys.stderr)
         root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
         if self.subcommand == "fit" and teaching(config):
             if config.data.multi_label:
@@ -66,7 +69,7 @@ class HANCLI(LightningCLI):
             # The first of two fits: its model only labels the unlabelled text (see main).
             root = root / "teacher"
             config.checkpoint.dirpath = None
-            config.export.register, config.export.faithfulness = False, 0
+            config.export.register, config.export.faithfulness, config.export.baseline = False, 0, False
         config.trainer.default_root_dir = str(root)
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(root / "checkpoints")

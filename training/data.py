@@ -115,11 +115,12 @@ class HANDataModule(pl.LightningDataModule):
         text_column: the column holding the document text.
         label_column: the column holding the label (string or integer), or a list of labels when
             ``multi_label`` is true.
-        multi_label: each document has any number of labels.
+        multi_label: each document has any number of labels (by default: when the label column holds lists).
         labels: the label names in a fixed order; by default the sorted labels seen in train.
         val_fraction: the share of train held out for validation when ``validation`` is not given.
         seed: seed for the validation split and batch order.
-        batch_size: documents per training batch.
+        batch_size: documents per training batch (by default from the data's size: training.recipe; 64
+            when the module is built directly).
         eval_batch_size: documents per validation/test batch.
         min_freq: words seen fewer times in train become unknown.
         max_vocab: the vocabulary's size cap, padding and unknown included.
@@ -141,11 +142,11 @@ class HANDataModule(pl.LightningDataModule):
         pseudo_labelled: str | None = None,
         text_column: str = "text",
         label_column: str = "label",
-        multi_label: bool = False,
+        multi_label: bool | None = None,
         labels: list[str] | None = None,
         val_fraction: float = 0.1,
         seed: int = 42,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         eval_batch_size: int = 256,
         min_freq: int = 2,
         max_vocab: int = 50_000,
@@ -158,6 +159,7 @@ class HANDataModule(pl.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        batch_size = 64 if batch_size is None else batch_size
         if not 0 < val_fraction < 1:
             raise DataError(f"data.val_fraction must be between 0 and 1 (exclusive), not {val_fraction}")
         for name, value in [("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("min_freq", min_freq),
@@ -173,6 +175,7 @@ class HANDataModule(pl.LightningDataModule):
         self._keys: dict[str, datasets.Dataset] = {}
         self.cache_keys: dict[str, str] = {}  # split -> key of its tokenisation cache
         self._unlabeled: datasets.Dataset | None = None
+        self.pseudo_labelled_rows = 0  # the training split's last rows, labelled by a model (self-training)
 
     # -- public facts, available after setup() -------------------------------------------------
     @property
@@ -241,6 +244,7 @@ class HANDataModule(pl.LightningDataModule):
         if hp.pseudo_labelled:
             pseudo = self._tokenised("pseudo_labelled", hp.pseudo_labelled, None)
             train = datasets.concatenate_datasets([train, pseudo])
+            self.pseudo_labelled_rows = len(pseudo)
         self._keys = {"train": train, "validation": val}
         if hp.test:
             self._keys["test"] = self._tokenised("test", hp.test, hp.max_eval_docs)

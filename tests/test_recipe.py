@@ -1,0 +1,88 @@
+"""The training recipe: rules from the data's profile, applied only where the config is silent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from training.recipe import DataProfile, advice, choose, profile
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "data" / "fixtures" / "reviews.jsonl"
+
+
+def _profile(documents: int, labels: int = 2, words: float = 200, multi: bool = False) -> DataProfile:
+    return DataProfile(documents=documents, labels=labels, multi_label=multi, median_words=words,
+                       total_words=int(documents * words))
+
+
+def test_training_length_scales_with_the_data() -> None:
+    small, large = choose(_profile(1_800)), choose(_profile(22_500))
+    # Few documents: smaller batches, more dropout, vectors fixed for more (short) epochs, a larger budget.
+    assert small["data.batch_size"] == 32 and large["data.batch_size"] == 64
+    assert small["model.dropout"] > large["model.dropout"]
+    assert small["model.freeze_embeddings"] > large["model.freeze_embeddings"] == 1
+    assert small["trainer.max_epochs"] > large["trainer.max_epochs"]
+    assert small["trainer.min_epochs"] == small["model.freeze_embeddings"] + 1  # 57 steps an epoch
+    # word2vec passes: about 20 million words seen whatever the corpus, within 5 to 30.
+    assert large["model.word2vec_epochs"] == 5 and small["model.word2vec_epochs"] == 30
+    assert choose(_profile(5_000))["model.word2vec_epochs"] == 20  # a million words: reuters.yaml's 20
+    assert small["model.patience"] > large["model.patience"]
+
+
+def test_task_and_length_rules() -> None:
+    many = choose(_profile(10_000, labels=20))
+    assert many["model.word_hidden"] == 100 and many["model.label_smoothing"] == 0.1
+    assert choose(_profile(10_000, labels=90, multi=True))["model.label_smoothing"] == 0.0
+    assert choose(_profile(5_000, words=8))["model.word_dropout"] == 0.0
+    # A schedule fixed in advance gets a length in steps instead of early stopping.
+    fixed = choose(_profile(22_500), scheduler="onecycle")
+    assert "model.patience" not in fixed and 3 <= fixed["trainer.max_epochs"] <= 40
+
+
+def test_advice_names_public_vectors_for_short_texts_and_few_labels() -> None:
+    assert "glove-6b-50d" in advice(_profile(1_000), "word2vec", None)[0]
+    assert "glove-6b-50d" in advice(_profile(20_000, words=10), "word2vec", None)[0]
+    assert advice(_profile(20_000), "word2vec", None) == []
+    assert advice(_profile(1_000), "glove-6b-50d", None) == []
+    assert any("small_data.yaml" in line for line in advice(_profile(1_000), "glove-6b-50d", "more.csv"))
+
+
+def test_profile_reads_size_lengths_and_list_labels(tmp_path: Path) -> None:
+    path = tmp_path / "topics.parquet"
+    pq.write_table(pa.table({"text": ["a b c", "d e", "f g h i", "j"],
+                             "labels": [["x"], ["x", "y"], ["z"], ["y"]]}), path)
+    p = profile(str(path), "text", "labels", None, 0.25, False, None)
+    assert (p.documents, p.labels, p.multi_label, p.median_words, p.total_words) == (3, 3, True, 2.5, 10)
+    assert profile(str(path), "text", "labels", None, 0.25, True, 2).documents == 2
+
+
+@pytest.mark.slow
+def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path) -> None:
+    """`han-train fit --data.train FILE`: the recipe's choices in the log and in the saved
+    hyperparameters, what the command line sets kept, and early stopping before the budget."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "training.cli", "fit", "--data.train", str(FIXTURE), "--data.validation", str(FIXTURE),
+         "--trainer.default_root_dir", str(run), "--export.register", "false", "--export.faithfulness", "0",
+         "--export.baseline", "false", "--trainer.enable_progress_bar", "false", "--model.embed_dim", "16",
+         "--model.dropout", "0.25", "--model.patience", "2", "--data.min_freq", "1", "--seed_everything", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "recipe (training/recipe.py) for 32 training documents, 2 labels (single-label)" in out.stderr
+    chosen = next(line for line in out.stderr.splitlines() if line.strip().startswith("chosen:"))
+    assert "model.dropout" not in chosen and "model.freeze_embeddings=8" in chosen
+    assert "advice: short texts" in out.stderr
+    metadata = json.loads((run / "model" / "config.json").read_text())["metadata"]
+    hp = metadata["hyperparameters"]
+    assert hp["dropout"] == 0.25 and hp["patience"] == 2 and hp["freeze_embeddings"] == 8
+    assert hp["scheduler"] == "plateau" and hp["ema"] > 0
+    # Stopped by the validation score: past the vectors' release (min_epochs 9), well before 100.
+    assert 9 <= metadata["epochs"] < 100
