@@ -63,6 +63,33 @@ def test_profile_reads_size_lengths_and_list_labels(tmp_path: Path) -> None:
     assert profile(str(path), "text", "labels", None, 0.25, True, 2).documents == 2
 
 
+def test_checkpoint_monitor_and_mode_follow_the_schedule(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from training.recipe import apply
+
+    def config(scheduler: str, monitor: str | None, mode: str = "min") -> SimpleNamespace:
+        return SimpleNamespace(
+            data=SimpleNamespace(train=str(FIXTURE), text_column="text", label_column="label", multi_label=None,
+                                 val_fraction=0.1, validation=None, max_train_docs=None, batch_size=None,
+                                 unlabeled=None),
+            model=SimpleNamespace(scheduler=scheduler, embeddings="word2vec", embed_dim=None, init_from=None,
+                                  **{k.split(".")[1]: None for k in choose(_profile(100)) if k.startswith("model.")}),
+            trainer=SimpleNamespace(callbacks=[], max_epochs=None, min_epochs=None),
+            checkpoint=SimpleNamespace(monitor=monitor, mode=mode))
+
+    cases = [("plateau", None, ("val/loss", "min")), ("onecycle", None, ("val/score", "max")),
+             ("plateau", "val/score", ("val/score", "max"))]
+    for scheduler, monitor, expected in cases:
+        c = config(scheduler, monitor)
+        lines = apply(c)
+        assert (c.checkpoint.monitor, c.checkpoint.mode) == expected
+        assert c.data.multi_label is False and c.model.embed_dim == 100 and "model.embed_dim=100" in lines[1]
+    # Outside fit: nothing is chosen or printed beyond what reading the data needs.
+    c = config("plateau", None)
+    assert apply(c, "test") == [] and c.model.dropout is None and c.data.batch_size == 8
+
+
 @pytest.mark.slow
 def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path) -> None:
     """`han-train fit --data.train FILE`: the recipe's choices in the log and in the saved
@@ -84,5 +111,14 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     hp = metadata["hyperparameters"]
     assert hp["dropout"] == 0.25 and hp["patience"] == 2 and hp["freeze_embeddings"] == 8
     assert hp["scheduler"] == "plateau" and hp["ema"] > 0
-    # Stopped by the validation score: past the vectors' release (min_epochs 9), well before 100.
-    assert 9 <= metadata["epochs"] < 100
+    # Stopped by the validation loss before the budget of 100 epochs (not before min_epochs, 50 here).
+    assert 49 <= metadata["epochs"] < 99
+    # test on the best checkpoint: the recipe's model (EMA, plateau) rebuilt from its hyperparameters.
+    best = next((run / "checkpoints").glob("epoch*.ckpt"))
+    out = subprocess.run(
+        [sys.executable, "-m", "training.cli", "test", "--data.train", str(FIXTURE), "--data.test", str(FIXTURE),
+         "--data.validation", str(FIXTURE), "--data.min_freq", "1", "--model.embed_dim", "16",
+         "--trainer.default_root_dir", str(run), "--export.faithfulness", "0", "--trainer.enable_progress_bar",
+         "false", "--ckpt_path", str(best)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "recipe (training" not in out.stderr and "test: HAN against the baseline" in out.stderr

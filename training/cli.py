@@ -1,7 +1,7 @@
 """``han-train``: LightningCLI over HANClassifier and HANDataModule (fit, validate, test, predict).
 
     han-train fit --config data/configs/imdb.yaml
-    han-train fit --config data/configs/imdb.yaml --data.train my_reviews.csv --trainer.max_epochs 3
+    han-train fit --data.train my_reviews.csv --data.test my_test.csv        # the recipe: training.recipe
     han-train fit --config data/configs/imdb.yaml --ckpt_path last        # resume a killed run
     han-train test --config data/configs/imdb.yaml --ckpt_path runs/imdb/checkpoints/last.ckpt
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -58,9 +59,8 @@ class HANCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         configs = config.get("config") or []
-        # A run is named after its last config, else after its training data (runs/my_reviews, han-my_reviews).
-        run_name = Path(str(configs[-1])).stem if configs else Path(str(config.data.train)).stem or "han"
-        for line in recipe.apply(config):
+        run_name = Path(str(configs[-1])).stem if configs else _data_name(str(config.data.train))
+        for line in recipe.apply(config, self.subcommand):
             print(line, file=sys.stderr)
         root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
         if self.subcommand == "fit" and teaching(config):
@@ -86,6 +86,15 @@ class HANCLI(LightningCLI):
                 {"class_path": "pytorch_lightning.loggers.TensorBoardLogger",
                  "init_args": {"save_dir": str(root), "name": "tensorboard"}},
             ]
+
+
+def _data_name(source: str) -> str:
+    """A run without a config is named after its training data (runs/my_reviews, han-my_reviews): the
+    file's stem, or its folder's name where the stem says nothing (train.parquet), in the characters a
+    BentoML tag allows."""
+    path = Path(source.split(":")[0])
+    name = path.parent.name if path.stem.lower() in {"train", "training", "data", "dataset"} else path.stem
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "han"
 
 
 def main(args: list[str] | None = None) -> None:

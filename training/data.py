@@ -115,7 +115,8 @@ class HANDataModule(pl.LightningDataModule):
         text_column: the column holding the document text.
         label_column: the column holding the label (string or integer), or a list of labels when
             ``multi_label`` is true.
-        multi_label: each document has any number of labels (by default: when the label column holds lists).
+        multi_label: each document has any number of labels (``han-train`` sets it from the data when
+            unset: a label column of lists; built directly, unset is single-label).
         labels: the label names in a fixed order; by default the sorted labels seen in train.
         val_fraction: the share of train held out for validation when ``validation`` is not given.
         seed: seed for the validation split and batch order.
@@ -331,7 +332,7 @@ class HANDataModule(pl.LightningDataModule):
         else:
             identity = [source, raw._fingerprint]
         hp = self.hparams
-        payload = [identity, limit, hp.text_column, hp.label_column, hp.multi_label,
+        payload = [identity, limit, hp.text_column, hp.label_column, self.multi_label,
                    self.segmenter_config.to_dict(), TOKENISER_VERSION]
         return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()[:16]
 

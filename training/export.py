@@ -115,7 +115,7 @@ class ExportModel(pl.Callback):
             monitor = trainer.checkpoint_callback.monitor
             metrics["validation_loss" if monitor == "val/loss" else "validation_score"] = round(float(best_score), 4)
         splits = [split for split in ("validation", "test") if split in data.splits]
-        baseline = run_baseline(data, splits, self.threshold) if self.baseline else None
+        baseline = self._baseline(data, splits)
         for split in splits:
             report = self._report(saved, data, split, self._root(trainer) / "report" / split, baseline)
             metrics[split] = headline(report)
@@ -138,9 +138,19 @@ class ExportModel(pl.Callback):
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
-            baseline = run_baseline(trainer.datamodule, ["test"], self.threshold) if self.baseline else None
+            baseline = self._baseline(trainer.datamodule, ["test"])
             self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test", baseline)
             self._faithfulness(saved, trainer.datamodule, self._root(trainer) / "report")
+
+    def _baseline(self, data: Any, splits: list[str]) -> dict[str, Any] | None:
+        """The baseline's figures, or None: skipped, or failed (one line; the trained model is still saved)."""
+        if not self.baseline:
+            return None
+        try:
+            return run_baseline(data, splits, self.threshold)
+        except ValueError as e:  # scikit-learn's: an empty vocabulary, a single class in the training split
+            rank_zero_info(f"baseline skipped: {e}")
+            return None
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pl_module.pipeline = Pipeline(self.saved_model(trainer, pl_module, best=False), batch_size=256)

@@ -32,11 +32,26 @@ from training.word_vectors import WORD2VEC, resolve_embed_dim, word_vectors
 PLATEAU_MONITOR = "val/loss"
 
 
+class ReleasedEarlyStopping(EarlyStopping):
+    """Early stopping that counts validations from the epoch the word vectors are released: a stall
+    before it is the encoders' limit with fixed vectors, not the end of learning."""
+
+    def __init__(self, start_epoch: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_epoch = start_epoch
+
+    def _run_early_stopping_check(self, trainer: pl.Trainer) -> None:
+        if trainer.current_epoch >= self.start_epoch:
+            super()._run_early_stopping_check(trainer)
+
+
 class HANClassifier(pl.LightningModule):
     """A HAN trained with AdamW or SGD (momentum), a learning-rate schedule and gradient clipping.
 
     ``vocab_size``, ``num_labels`` and ``multi_label`` come from the data: ``han-train`` links
-    them from the DataModule (``link_arguments``), so a config never sets them.
+    them from the DataModule (``link_arguments``), so a config never sets them. Settings whose
+    default is None (unset) are chosen from the data by ``training.recipe`` when ``han-train``
+    fits; a module built directly takes the network's defaults for them.
 
     Args:
         vocab_size: the vocabulary's size (from the data).
@@ -62,7 +77,7 @@ class HANClassifier(pl.LightningModule):
         warmup_steps: steps of linear warm-up with ``plateau`` (by default from the data: training.recipe).
         patience: with ``plateau``, validations without a lower loss before training stops.
         ema: decay of an exponential moving average of the weights (``training.callbacks.EMA``), which
-            is what validation, the checkpoints and the export then hold; 0 or unset: none.
+            is what validation, the checkpoints and the export then hold; 0: none.
         grad_clip: clip the gradient norm to this value (0 disables).
         label_smoothing: share of each target spread over all labels (multi-label: each target moves
             this share towards 0.5); 0 disables.
@@ -134,7 +149,8 @@ class HANClassifier(pl.LightningModule):
             stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
             sentence_values = self._stored.model.config.sentence_values
-        embed_dim = resolve_embed_dim(embed_dim, None if init_from else embeddings)  # a stored model keeps its own
+        if embed_dim is None:  # han-train's recipe has already written the vectors' dimension here
+            embed_dim = resolve_embed_dim(embed_dim, None if init_from else embeddings)
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
         if word2vec_epochs < 1:
@@ -211,12 +227,6 @@ class HANClassifier(pl.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self.net.embedding.weight.requires_grad_(self.current_epoch >= self.hparams.freeze_embeddings)
-        if self.current_epoch == self.hparams.freeze_embeddings > 0:
-            # Patience counts from the vectors' release: a stall before it is the encoders' limit with
-            # fixed vectors, not the end of learning (the best score so far still stands).
-            for callback in self.trainer.callbacks:
-                if isinstance(callback, EarlyStopping):
-                    callback.wait_count = 0
 
     # -- steps --------------------------------------------------------------------------------------
     def forward(self, batch: Batch) -> Tensor:
@@ -287,11 +297,13 @@ class HANClassifier(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def configure_callbacks(self) -> list[Callback]:
+        if self.trainer.state.fn != "fit":  # test, validate and predict read a checkpoint's weights as they are
+            return []
         callbacks: list[Callback] = [EMA(decay=self.hparams.ema)] if self.hparams.ema else []
         if self.hparams.scheduler == "plateau":
             # Stops on the validation loss; the checkpoint callback keeps the best weights for export.
-            callbacks.append(EarlyStopping(monitor=PLATEAU_MONITOR, mode="min", patience=self.hparams.patience,
-                                           min_delta=1e-4))
+            callbacks.append(ReleasedEarlyStopping(self.hparams.freeze_embeddings, monitor=PLATEAU_MONITOR, mode="min",
+                                                   patience=self.hparams.patience, min_delta=1e-4))
         return callbacks
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:

@@ -6,15 +6,16 @@ epochs are about 1,050 steps on IMDB and 270 on 6,400 reviews). So every setting
 how many labels, how long they are. What a config or the command line sets is never changed. Every
 rule lives in ``choose``; ``han-train fit`` prints the choices and the profile they came from.
 
-Training length is not a rule: the recipe trains until the validation score stops improving
-(``model.patience`` validations without gain; the best checkpoint is the one exported), halving the
-learning rate whenever the score stalls, under a budget of ``trainer.max_epochs`` epochs.
+Training length is not a rule: the recipe trains until the validation loss stops improving
+(``model.patience`` validations without a lower one, counted from the vectors' release; the best
+checkpoint is the one exported), halving the learning rate whenever it stalls, under a budget of
+``trainer.max_epochs`` epochs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from training.sources import DataError, load_source
+from training.word_vectors import resolve_embed_dim
 
 SHORT_TEXT_WORDS = 40  # median words a document under which the data counts as short texts
 FEW_LABELS = 3_000  # labelled training documents under which the data counts as few labels
@@ -103,7 +105,7 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
     if scheduler == "plateau":
         choices |= {
             "model.warmup_steps": min(150, steps),
-            # Validations without a better score before stopping: more on small, noisy validation splits.
+            # Validations without a lower loss before stopping: more on small, noisy validation splits.
             "model.patience": 3 if p.documents >= 10_000 else 5,
             # The budget: early stopping ends most runs well before it.
             "trainer.max_epochs": int(min(100, max(15, math.ceil(12_000 / steps)))),
@@ -129,35 +131,65 @@ def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None) -> lis
     return lines
 
 
-def apply(config: Any) -> list[str]:
+def apply(config: Any, subcommand: str = "fit") -> list[str]:
     """Fills the unset settings of a parsed ``han-train`` config (a jsonargparse namespace) and returns
-    the log lines that say what was chosen and why."""
+    the log lines that say what was chosen and why. Outside ``fit`` only what reading the data and a
+    checkpoint needs is filled (multi-label, the batch size, the checkpoint's monitor), silently."""
     data, model, trainer = config.data, config.model, config.trainer
     p = profile(data.train, data.text_column, data.label_column, data.multi_label, data.val_fraction,
                 bool(data.validation), data.max_train_docs)
     if data.multi_label is None:
         data.multi_label = p.multi_label
-    if getattr(config, "checkpoint", None) is not None and config.checkpoint.monitor is None:
+    checkpoint = getattr(config, "checkpoint", None)
+    if checkpoint is not None:
         # The best checkpoint (the one exported) by what the schedule watches: the validation loss with
-        # early stopping, the score otherwise.
-        plateau = model.scheduler == "plateau"
-        config.checkpoint.monitor, config.checkpoint.mode = ("val/loss", "min") if plateau else ("val/score", "max")
+        # early stopping, the score otherwise; a monitor given without its mode gets the one it needs.
+        if checkpoint.monitor is None:
+            checkpoint.monitor = "val/loss" if model.scheduler == "plateau" else "val/score"
+        checkpoint.mode = "min" if checkpoint.monitor.endswith("loss") else "max"
+    if subcommand != "fit":
+        data.batch_size = data.batch_size or choose(p)["data.batch_size"]
+        return []
+    filled = []
+    if model.embed_dim is None and not model.init_from:
+        model.embed_dim = resolve_embed_dim(None, model.embeddings)  # written down, so checkpoints carry it
+        filled.append(f"model.embed_dim={model.embed_dim}")
+    elif model.embed_dim is not None and not model.init_from and model.embeddings:
+        resolve_embed_dim(model.embed_dim, model.embeddings)  # a mismatch stops here, before any data is read
     callbacks = [str(c.get("class_path", "")) for c in trainer.callbacks or []]
     if model.ema is None and any(c.endswith("EMA") or c.endswith("EMAWeightAveraging") for c in callbacks):
         model.ema = 0.0  # the config brings its own average
+    if data.unlabeled:  # word2vec also reads the unlabelled text: its passes count its words too
+        p = replace(p, total_words=p.total_words + _words(data.unlabeled, data.text_column))
     chosen = choose(p, data.batch_size, model.scheduler)
-    filled = []
+    if trainer.max_epochs is not None:  # a length fixed by the config: the vectors fixed for a third of it at most
+        chosen["model.freeze_embeddings"] = min(chosen["model.freeze_embeddings"], max(1, trainer.max_epochs // 3))
+    if model.embeddings != "word2vec" or model.init_from:
+        del chosen["model.word2vec_epochs"]  # no word2vec is built
     for name, value in chosen.items():
         section, key = name.split(".")
         target = {"data": data, "model": model, "trainer": trainer}[section]
         if getattr(target, key) is None:
             setattr(target, key, value)
             filled.append(f"{name}={value}")
+    if trainer.min_epochs is not None and trainer.max_epochs is not None:
+        trainer.min_epochs = min(trainer.min_epochs, trainer.max_epochs)
     lines = [f"recipe (training/recipe.py) for {p.describe()}:"]
     lines.append("  chosen: " + (", ".join(filled) if filled else "nothing (the config sets every setting)"))
     if model.scheduler == "plateau":
         lines.append(f"  training length: until {model.patience} validations pass without a lower validation loss "
                      f"(the lowest is exported), the learning rate halved when it stalls, at most "
                      f"{trainer.max_epochs} epochs")
-    lines += [f"  advice: {line}" for line in advice(p, model.embeddings, data.unlabeled)]
+    self_training = getattr(getattr(config, "self_training", None), "fraction", 0) or 0
+    lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled)]
     return lines
+
+
+def _words(source: str, text_column: str) -> int:
+    """Whitespace-separated words in a source's text column."""
+    raw = load_source(source)
+    if text_column not in raw.column_names:
+        return 0  # the data module names the missing column when it reads the text
+    text = raw.with_format("arrow")[:].column(text_column)
+    return int(pc.sum(pc.list_value_length(pc.utf8_split_whitespace(pc.cast(text, pa.string()).fill_null("")))).as_py()
+               or 0)
