@@ -130,7 +130,7 @@ def _epoch_figures(run: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("datasets", nargs="*", choices=[*DATASETS, []], help="default: all four")
+    parser.add_argument("datasets", nargs="*", help=f"some of {', '.join(DATASETS)} (default: all four)")
     parser.add_argument("--suite", action="store_true", help="the development suite of settings (benchmarks/suite.py)")
     parser.add_argument("--only", nargs="*", help="with --suite: these settings only")
     parser.add_argument("--vectors", nargs="*", default=["word2vec", "glove"], choices=["word2vec", "glove"],
@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, help="train the HAN in this folder (default runs/<config>[-few])")
     parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
     args = parser.parse_args()
+    if unknown := set(args.datasets) - set(DATASETS):
+        parser.error(f"unknown datasets: {', '.join(sorted(unknown))} (choose from {', '.join(DATASETS)})")
     apply_defaults()
     if args.suite:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -157,6 +157,9 @@ def run_suite(names: list[str], vectors: list[str], jobs: int, workdir: Path, ru
             run = runs / f"{name}-{vec}"
             if (run / "model" / "config.json").is_file():
                 rows.append(result(name, vec, run))
+            elif (run / "suite-timing.json").is_file():
+                code = json.loads((run / "suite-timing.json").read_text())["returncode"]
+                print(f"{name} {vec}: no model (exit {code}); see {run / 'suite.log'}", flush=True)
     return rows
 
 
