@@ -178,8 +178,8 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
     lines.append("  chosen: " + (", ".join(filled) if filled else "nothing (the config sets every setting)"))
     if model.scheduler == "plateau":
         lines.append(f"  training length: until {model.patience} validations pass without a lower validation loss "
-                     f"(the lowest is exported), the learning rate halved when it stalls, at most "
-                     f"{trainer.max_epochs} epochs")
+                     f"(the lowest is exported), the learning rate halved when it stalls, stopping at 1/16 of "
+                     f"it, at most {trainer.max_epochs} epochs")
     self_training = getattr(getattr(config, "self_training", None), "fraction", 0) or 0
     lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled)]
     return lines
