@@ -96,14 +96,14 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     hyperparameters, what the command line sets kept, and early stopping before the budget."""
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "training.cli", "fit", "--data.train", str(FIXTURE), "--data.validation", str(FIXTURE),
+        [sys.executable, "-m", "training.cli", "fit", "--data.train", str(FIXTURE), "--data.val_fraction", "0.25",
          "--trainer.default_root_dir", str(run), "--export.register", "false", "--export.faithfulness", "0",
          "--export.baseline", "false", "--trainer.enable_progress_bar", "false", "--model.embed_dim", "16",
          "--model.dropout", "0.25", "--model.patience", "2", "--data.min_freq", "1", "--seed_everything", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "recipe (training/recipe.py) for 32 training documents, 2 labels (single-label)" in out.stderr
+    assert "recipe (training/recipe.py) for 24 training documents, 2 labels (single-label)" in out.stderr
     chosen = next(line for line in out.stderr.splitlines() if line.strip().startswith("chosen:"))
     assert "model.dropout" not in chosen and "model.freeze_embeddings=8" in chosen
     assert "advice: short texts" in out.stderr
@@ -117,7 +117,7 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     best = next((run / "checkpoints").glob("epoch*.ckpt"))
     out = subprocess.run(
         [sys.executable, "-m", "training.cli", "test", "--data.train", str(FIXTURE), "--data.test", str(FIXTURE),
-         "--data.validation", str(FIXTURE), "--data.min_freq", "1", "--model.embed_dim", "16",
+         "--data.val_fraction", "0.25", "--data.min_freq", "1", "--model.embed_dim", "16",
          "--trainer.default_root_dir", str(run), "--export.faithfulness", "0", "--trainer.enable_progress_bar",
          "false", "--ckpt_path", str(best)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
