@@ -46,12 +46,14 @@ def test_task_and_length_rules() -> None:
     assert "model.patience" not in fixed and 3 <= fixed["trainer.max_epochs"] <= 40
 
 
-def test_advice_names_public_vectors_for_short_texts_and_few_labels() -> None:
-    assert "glove-6b-50d" in advice(_profile(1_000), "word2vec", None)[0]
-    assert "glove-6b-50d" in advice(_profile(20_000, words=10), "word2vec", None)[0]
+def test_advice_public_vectors_for_short_texts_and_unlabelled_text_for_few_labels() -> None:
+    short = advice(_profile(20_000, words=10), "word2vec", None)
+    assert len(short) == 1 and "glove-6b-50d" in short[0]
+    assert advice(_profile(20_000, words=10), "glove-6b-50d", None) == []  # already has public vectors
     assert advice(_profile(20_000), "word2vec", None) == []
-    assert advice(_profile(1_000), "glove-6b-50d", None) == []
-    assert any("small_data.yaml" in line for line in advice(_profile(1_000), "glove-6b-50d", "more.csv"))
+    few = advice(_profile(1_000), "word2vec", None)
+    assert len(few) == 1 and "glove" not in few[0] and "--data.unlabeled" in few[0]
+    assert "self-training on your unlabelled text" in advice(_profile(1_000), "word2vec", "more.csv")[0]
 
 
 def test_profile_reads_size_lengths_and_list_labels(tmp_path: Path) -> None:
@@ -106,7 +108,7 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     assert "recipe (training/recipe.py) for 24 training documents, 2 labels (single-label)" in out.stderr
     chosen = next(line for line in out.stderr.splitlines() if line.strip().startswith("chosen:"))
     assert "model.dropout" not in chosen and "model.freeze_embeddings=8" in chosen
-    assert "advice: short texts" in out.stderr
+    assert "advice: short texts" in out.stderr and "glove-6b-50d" in out.stderr
     metadata = json.loads((run / "model" / "config.json").read_text())["metadata"]
     hp = metadata["hyperparameters"]
     assert hp["dropout"] == 0.25 and hp["patience"] == 2 and hp["freeze_embeddings"] == 8
