@@ -552,7 +552,7 @@ def test_a_dead_worker_or_ctrl_c_stops_with_one_line_and_no_process_left(
 ) -> None:
     import psutil
 
-    source = write_input(tmp_path / "big.jsonl", input_rows(copies=100))
+    source = write_input(tmp_path / "big.jsonl", input_rows(copies=400))
     output = tmp_path / "out.parquet"
     cmd = [str(source), str(output), "--model", str(tiny_model_dir), "--quiet", "--workers", "2"]
     cmd += ["--chunk-size", "40", "--window", "20"]
