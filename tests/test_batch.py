@@ -552,7 +552,7 @@ def test_a_dead_worker_or_ctrl_c_stops_with_one_line_and_no_process_left(
 ) -> None:
     import psutil
 
-    source = write_input(tmp_path / "big.jsonl", input_rows(copies=400))
+    source = write_input(tmp_path / "big.jsonl", input_rows(copies=100))
     output = tmp_path / "out.parquet"
     cmd = [str(source), str(output), "--model", str(tiny_model_dir), "--quiet", "--workers", "2"]
     cmd += ["--chunk-size", "40", "--window", "20"]
@@ -564,6 +564,9 @@ def test_a_dead_worker_or_ctrl_c_stops_with_one_line_and_no_process_left(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # As from a terminal: Ctrl-C at its default disposition. An ignored SIGINT is inherited across
+        # exec, and the test process's own disposition depends on what ran before it in the session.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_for_parts(tmp_path / "out.parquet.parts" / "manifest.json", proc, 1)
