@@ -69,10 +69,7 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
     multi = is_list if multi_label is None else multi_label
     values = pc.list_flatten(labels) if is_list else labels
     distinct = len(pc.unique(values.drop_null()))
-    text = table.column(text_column)
-    if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
-        text = pc.cast(text, pa.string())
-    words = pc.list_value_length(pc.utf8_split_whitespace(text.fill_null(""))).to_numpy(zero_copy_only=False)
+    words = _word_counts(table.column(text_column))
     fit = len(raw) if has_validation else len(raw) - math.ceil(len(raw) * val_fraction)
     return DataProfile(documents=max(1, fit), labels=distinct, multi_label=bool(multi),
                        median_words=float(np.median(words)) if len(words) else 0.0, total_words=int(words.sum()))
@@ -195,6 +192,11 @@ def _words(source: str, text_column: str) -> int:
     raw = load_source(source)
     if text_column not in raw.column_names:
         return 0  # the data module names the missing column when it reads the text
-    text = raw.with_format("arrow")[:].column(text_column)
-    return int(pc.sum(pc.list_value_length(pc.utf8_split_whitespace(pc.cast(text, pa.string()).fill_null("")))).as_py()
-               or 0)
+    return int(_word_counts(raw.with_format("arrow")[:].column(text_column)).sum())
+
+
+def _word_counts(text: pa.ChunkedArray) -> np.ndarray:
+    """Whitespace-separated words of each document (a missing text counts none)."""
+    if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
+        text = pc.cast(text, pa.string())
+    return pc.list_value_length(pc.utf8_split_whitespace(text.fill_null(""))).to_numpy(zero_copy_only=False)
