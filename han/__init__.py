@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from han.pipeline import InvalidDocumentError, Pipeline, TopK, document_problem
     from han.results import DocumentError, DocumentResult, SentenceWeight, WordWeight
     from han.saved_model import ModelDirectoryError, SavedModel
-    from han.segment import EmptyDocumentError, Segment, Segmenter, SegmenterConfig
+    from han.segment import EmptyDocumentError, LanguageError, Segment, Segmenter, SegmenterConfig, check_language
     from han.vocab import Vocabulary
 
 # The names below load on first use (PEP 562), so that ``han.environment`` (every entry point's
@@ -41,6 +41,8 @@ _WHERE = {
     "ModelDirectoryError": "han.saved_model",
     "SavedModel": "han.saved_model",
     "EmptyDocumentError": "han.segment",
+    "LanguageError": "han.segment",
+    "check_language": "han.segment",
     "Segment": "han.segment",
     "Segmenter": "han.segment",
     "SegmenterConfig": "han.segment",
@@ -65,6 +67,7 @@ __all__ = [
     "HANConfig",
     "HANOutput",
     "InvalidDocumentError",
+    "LanguageError",
     "ModelDirectoryError",
     "Pipeline",
     "SavedModel",
@@ -75,6 +78,7 @@ __all__ = [
     "TopK",
     "Vocabulary",
     "WordWeight",
+    "check_language",
     "collate",
     "collate_flat",
     "document_problem",

@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from han.model import HAN, HANConfig
-from han.segment import SegmenterConfig
+from han.segment import LanguageError, SegmenterConfig, check_language
 from han.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
@@ -76,6 +76,10 @@ class SavedModel:
                 raise ValueError(f"temperature must be positive, not {temperature}")
         except (KeyError, TypeError, ValueError) as e:
             raise ModelDirectoryError(f"{directory / CONFIG_FILE}: invalid model config ({e})") from e
+        try:  # a tokenizer package missing: one line, before any document
+            check_language(segmenter.language)
+        except LanguageError as e:
+            raise ModelDirectoryError(f"{directory}: {e}") from None
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
             raise ModelDirectoryError(f"{directory / LABELS_FILE}: expected a non-empty JSON list of label names")
         if len(labels) != model_config.num_labels:

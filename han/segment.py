@@ -1,7 +1,9 @@
 """Sentence splitting and tokenisation with character offsets into the original text.
 
-Uses the tokenizer of ``spacy.blank("en")`` and the rules of spaCy's ``sentencizer`` (no model
-download), applied to whole arrays of token attributes rather than token by token.
+Uses the blank tokenizer of the documents' language (``spacy.blank(code)``: its language's rules for
+contractions, élisions, abbreviations; Chinese by character) and the rules of spaCy's ``sentencizer``,
+which covers every script's sentence punctuation (no model download), applied to whole arrays of token
+attributes rather than token by token.
 Cleaning never changes the length of the text: HTML line breaks, control characters and
 other junk are overwritten in place, so every offset points into the text the user sent.
 Token *keys* (what the vocabulary sees) are lower-cased and Unicode-NFC normalised.
@@ -14,12 +16,13 @@ import unicodedata
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import pairwise
 
 import numpy as np
 import spacy
 from spacy.attrs import IDX, IS_PUNCT, IS_SPACE, LENGTH, ORTH
+from spacy.language import Language
 from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc
 
@@ -38,13 +41,49 @@ _JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u202
 TOKENIZER_CACHE = 30_000
 
 
+# Languages whose spaCy tokenizer needs a package spaCy does not install, and the pip line that adds it.
+EXTRA_PACKAGES = {
+    "ja": "pip install sudachipy sudachidict_core",
+    "ko": "pip install natto-py (and the mecab-ko system library with mecab-ko-dic)",
+    "th": "pip install pythainlp",
+    "vi": "pip install pyvi",
+}
+
+
 class EmptyDocumentError(ValueError):
     """A document with no words: empty, whitespace only, or markup only."""
 
 
+class LanguageError(ValueError):
+    """A language code spaCy does not know, or whose tokenizer needs a package that is not installed."""
+
+
+@cache
+def check_language(code: str) -> None:
+    """Raise LanguageError unless ``code``'s tokenizer can be built here (checked once per process)."""
+    if code != "en":
+        blank_language(code)
+
+
+def blank_language(code: str) -> Language:
+    """``spacy.blank(code)``, or a LanguageError of one line naming the code and what to do."""
+    from spacy.util import get_lang_class
+
+    try:
+        get_lang_class(code)
+    except (ImportError, ValueError, TypeError):
+        raise LanguageError(f"unknown language code {code!r}: spaCy has no tokenizer for it (codes such as en, de, "
+                            "fr, es, pt, nl, it, pl, zh; the list: https://spacy.io/usage/models#languages)") from None
+    try:
+        return spacy.blank(code)
+    except ImportError:
+        install = EXTRA_PACKAGES.get(code, "install the package spaCy's error names")
+        raise LanguageError(f"language {code!r} needs a tokenizer package that is not installed: {install}") from None
+
+
 @dataclass(frozen=True)
 class SegmenterConfig:
-    """Caps applied while segmenting.
+    """The documents' language (a spaCy code) and the caps applied while segmenting.
 
     A sentence longer than ``max_words`` tokens is split into pieces of at most that many
     tokens (no word is dropped). A document with more than ``max_sentences`` pieces, or longer
@@ -54,8 +93,9 @@ class SegmenterConfig:
     max_sentences: int = 50
     max_words: int = 60
     max_chars: int = 100_000
+    language: str = "en"  # model directories saved before languages have none: English
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | str]:
         return asdict(self)
 
 
@@ -117,7 +157,7 @@ class Segmenter:
 
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
-        self.nlp = spacy.blank("en")  # only its tokenizer runs (texts are cut at max_chars first)
+        self.nlp = blank_language(self.config.language)  # only its tokenizer runs (texts are cut at max_chars first)
         self.nlp.tokenizer.max_cache_size = TOKENIZER_CACHE
         strings = self.nlp.vocab.strings
         self._stops = np.array(sorted(strings.add(c) for c in Sentencizer.default_punct_chars), dtype=np.uint64)

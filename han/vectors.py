@@ -24,6 +24,7 @@ from typing import IO
 
 import numpy as np
 
+from han.segment import token_key
 from han.vocab import Vocabulary
 
 
@@ -88,7 +89,7 @@ def _reader(path: Path) -> Callable[[Path], tuple[Iterator[tuple[str, np.ndarray
 
 def match(entries: Iterator[tuple[str, np.ndarray]], vocab: Vocabulary, dim: int, source: str, seed: int = 0
           ) -> Vectors:
-    """Rows for the vocabulary's words from (word, vector) pairs: exact match first, else lower case."""
+    """Rows for the vocabulary's words from (word, vector) pairs: exact match first, else the word's key."""
     matrix = np.zeros((len(vocab), dim), dtype=np.float32)
     exact = np.zeros(len(vocab), dtype=bool)
     found = np.zeros(len(vocab), dtype=bool)
@@ -98,7 +99,7 @@ def match(entries: Iterator[tuple[str, np.ndarray]], vocab: Vocabulary, dim: int
         if i is not None:
             matrix[i], exact[i], found[i] = vector, True, True
             continue
-        i = stoi.get(word.lower())
+        i = stoi.get(token_key(word))  # lower case, NFC: as the vocabulary's keys (Ä in NFD serves ä)
         if i is not None and not exact[i] and not found[i]:
             matrix[i], found[i] = vector, True
     found[: Vocabulary.unk_id + 1] = False  # padding stays zero; <unk> is learned

@@ -63,6 +63,7 @@ class ClassifyResponse(BaseModel):
 class ModelInfo(BaseModel):
     tag: str = Field(description="The model's tag in the BentoML model store.")
     labels: list[str]
+    language: str = Field(description="The documents' language (a spaCy code): its tokenizer segments them.")
     task: Literal["single-label", "multi-label"]
     threshold: float | None = Field(description="Decision threshold of a multi-label model; null for single-label.")
     temperature: float = Field(description="Scores are probabilities of logits / temperature (1: uncalibrated).")
@@ -106,6 +107,7 @@ def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo
     return ModelInfo(
         tag=tag,
         labels=saved.labels,
+        language=saved.segmenter.language,
         task="multi-label" if config.multi_label else "single-label",
         threshold=saved.threshold if config.multi_label else None,
         temperature=saved.temperature,
@@ -122,6 +124,6 @@ def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo
         limits={
             "max_documents": MAX_DOCUMENTS,
             "max_body_bytes": MAX_BODY_BYTES,
-            **{key: int(value) for key, value in saved.segmenter.to_dict().items()},
+            **{key: int(value) for key, value in saved.segmenter.to_dict().items() if key != "language"},
         },
     )

@@ -11,7 +11,9 @@ across requests (``service.batcher``) and classified by ``han.Pipeline``, the on
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from starlette.responses import JSONResponse
 
 import han
 from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
-from model_store import MODEL_TAG_ENV, default_model_tag
+from model_store import MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
 from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
 from service.batcher import RequestBatcher, observe_batch
 from service.guard import RequestGuard, error_response
@@ -54,7 +56,20 @@ def served_model_tag() -> str:
     return default_model_tag()
 
 
+def refuse_unservable_language(tag: str) -> None:
+    """Stop in one line, before any worker starts, when the model's language needs a tokenizer package
+    that is not installed here (a missing or broken model is reported by BentoML's own loading)."""
+    try:
+        segmenter = json.loads((model_path(tag) / "config.json").read_text(encoding="utf-8")).get("segmenter") or {}
+        han.check_language(str(segmenter.get("language", "en")))
+    except han.LanguageError as e:
+        sys.exit(f"error: cannot serve {tag}: {e}")
+    except (ModelNotFoundError, OSError, ValueError, AttributeError):
+        return
+
+
 MODEL_TAG = served_model_tag()
+refuse_unservable_language(MODEL_TAG)
 
 
 @bentoml.service(

@@ -35,6 +35,8 @@ DOM = """() => {
     label: document.getElementById('label').textContent,
     labelVisible: !document.getElementById('result').hidden,
     method: document.getElementById('explanation').dataset.method,
+    lang: [document.getElementById('explanation').lang, document.getElementById('document').lang],
+    modelInfo: document.getElementById('model-info').textContent,
     scores: [...document.querySelectorAll('#scores .score')].map(
       (row) => [row.dataset.label, Number(row.dataset.score), row.classList.contains('chosen')]),
     text: document.getElementById('explanation').textContent,
@@ -120,8 +122,11 @@ def test_page_classifies_and_highlights_a_review(server, page: Page, tmp_path):
     assert all(_alpha(s["background"]) > 0 for s in dom["sentences"])
     assert dom["legend"] == {"attention": True, "signed": False}
     assert shot.stat().st_size > 10_000
-    # The model's test accuracy beside the TF-IDF baseline's (the model's metadata, GET /model).
+    # The text is marked with the model's language (GET /model), and the header names it.
     _, info = server.get_json("/model")
+    assert dom["lang"] == [info["language"], info["language"]] == ["en", "en"]
+    assert "language en" in dom["modelInfo"]
+    # The model's test accuracy beside the TF-IDF baseline's (the model's metadata, GET /model).
     shown = re.fullmatch(r"test accuracy ([\d.]+) \u2014 TF-IDF \+ logistic regression baseline ([\d.]+)",
                          dom["baseline"])
     assert shown, dom["baseline"]

@@ -128,6 +128,8 @@ class HANDataModule(pl.LightningDataModule):
         max_sentences: cap on sentences per document (longer documents are truncated).
         max_words: cap on words per sentence (longer sentences are split).
         max_chars: cap on characters read per document.
+        language: the documents' language, a spaCy code (en, de, fr, es, zh, ...): its tokenizer's rules
+            segment them, here and wherever the model is used (it is saved with the model).
         max_train_docs: use only the first N training documents (quick runs).
         max_eval_docs: use only the first N validation and test documents (quick runs).
         cache_dir: where tokenised splits are cached; a second run over the same file reuses them.
@@ -154,6 +156,7 @@ class HANDataModule(pl.LightningDataModule):
         max_sentences: int = 50,
         max_words: int = 60,
         max_chars: int = 100_000,
+        language: str = "en",
         max_train_docs: int | None = None,
         max_eval_docs: int | None = None,
         cache_dir: str = ".cache/han",
@@ -169,7 +172,8 @@ class HANDataModule(pl.LightningDataModule):
             if value < 1:
                 raise DataError(f"data.{name} must be at least 1, not {value}")
         self.save_hyperparameters()
-        self.segmenter_config = SegmenterConfig(max_sentences=max_sentences, max_words=max_words, max_chars=max_chars)
+        self.segmenter_config = SegmenterConfig(max_sentences=max_sentences, max_words=max_words, max_chars=max_chars,
+                                                language=language)
         self.vocab: Vocabulary | None = None
         self.label_names: list[str] | None = labels
         self.splits: dict[str, EncodedDocuments] = {}

