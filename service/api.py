@@ -6,6 +6,7 @@ The result types are han's own (``han.DocumentResult`` and its parts): the respo
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
@@ -94,9 +95,22 @@ class ErrorBody(BaseModel):
     error: str = Field(description="What is wrong with the request, e.g. 'documents[3]: the document is empty'.")
 
 
+def without_paths(value: Any) -> Any:
+    """``value`` with every file-system path of the training machine cut to its last part
+    (``/home/ana/data/train.csv`` -> ``train.csv``): a client learns the file's name, not the machine's
+    layout. A path is a string without spaces holding a slash or a backslash, and not a URL."""
+    if isinstance(value, dict):
+        return {k: without_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_paths(v) for v in value]
+    if isinstance(value, str) and ("/" in value or "\\" in value) and "://" not in value and " " not in value:
+        return PureWindowsPath(value).name if "\\" in value else PurePosixPath(value.rstrip("/")).name
+    return value
+
+
 def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo:
-    """GET /model's answer for a loaded model."""
-    meta = saved.metadata
+    """GET /model's answer for a loaded model (without the training machine's paths)."""
+    meta = without_paths(saved.metadata)
     config = saved.model.config
     metrics = meta["metrics"] if isinstance(meta.get("metrics"), dict) else None
     calibration = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ def start_server(
     service: str = SERVICE,
     own_session: bool = True,
     repo: Path = REPO,
+    args: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """``bentoml serve`` of ``service`` for model ``tag``, from the checkout ``repo`` (another one to
     compare versions). With ``own_session`` it gets a process group of its own, so that
@@ -43,19 +45,20 @@ def start_server(
     server_env = apply_defaults({**os.environ, **(env or {})})
     server_env["HAN_MODEL_TAG"] = tag
     server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), server_env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "bentoml", "serve", service, "--host", host, "--port", str(port)]
+    command = [sys.executable, "-m", "bentoml", "serve", service, "--host", host, "--port", str(port), *args]
     return subprocess.Popen(
         command, cwd=repo, env=server_env, stdout=log, stderr=subprocess.STDOUT if log else None,
         start_new_session=own_session,
     )
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -> bool:
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300,
+               context: ssl.SSLContext | None = None) -> bool:
     """Poll ``url``/readyz until it answers 200 (True), the process exits or ``timeout`` passes (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
+            with urllib.request.urlopen(url + "/readyz", timeout=2, context=context) as response:
                 if response.status == 200:
                     return True
         except (urllib.error.URLError, ConnectionError, TimeoutError):

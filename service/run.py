@@ -1,12 +1,16 @@
 """``make run``: serve the default model on http://localhost:3000, training it first if there is none.
 
-    python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:latest]
+    python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:latest] [--allow-anonymous]
+                          [--ssl-certfile cert.pem --ssl-keyfile key.pem]
 
 The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:latest``. If the BentoML model
 store has no ``han-imdb`` model, the quick IMDB model is trained first
 (``han-train fit --config data/configs/imdb_quick.yaml``, a few minutes on 2 cores), which
 registers it; the next run finds it and starts in seconds. Another tag that is missing is an
 error: only the default model is trained here.
+
+Bound to any address but loopback it needs API keys (``$HAN_API_KEYS_FILE`` or ``$HAN_API_KEYS``,
+service/auth.py) or ``--allow-anonymous``; with a certificate and its key it serves HTTPS.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
+from service.auth import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, KeysError, exposure_problem, load_keys
 from service.process import REPO, start_server, wait_ready
 
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
@@ -30,7 +36,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=3000, help="port (default 3000)")
     parser.add_argument("--tag", default=None, help=f"model to serve (default ${MODEL_TAG_ENV} or {DEFAULT_MODEL_TAG})")
-    return parser.parse_args(argv)
+    parser.add_argument("--allow-anonymous", action="store_true",
+                        help=f"serve on a non-loopback --host without API keys (${KEYS_FILE_ENV} / ${KEYS_ENV})")
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    args = parser.parse_args(argv)
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        parser.error("--ssl-certfile and --ssl-keyfile go together")
+    for path in filter(None, (args.ssl_certfile, args.ssl_keyfile)):
+        if not Path(path).is_file():
+            parser.error(f"{path}: no such file")
+    return args
 
 
 def has_model(tag: str) -> bool:
@@ -59,6 +75,12 @@ def train_default_model() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
+    try:  # before any training: a server that would refuse to start says so now
+        problem = exposure_problem(args.host, load_keys(), args.allow_anonymous)
+    except KeysError as e:
+        problem = str(e)
+    if problem:
+        sys.exit(f"error: {problem}")
     tag = args.tag or default_model_tag()
     if not has_model(tag):
         if tag.split(":")[0] != DEFAULT_MODEL_TAG.split(":")[0]:
@@ -68,11 +90,19 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"training finished but the model store still has no {tag!r}")
 
     host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
-    url = f"http://{host}:{args.port}"
+    scheme = "https" if args.ssl_certfile else "http"
+    url = f"{scheme}://{host}:{args.port}"
     print(f"Starting the service for {tag} on {url} ...", flush=True)
-    process = start_server(tag, args.port, host=args.host, own_session=False)  # Ctrl+C reaches it too
+    tls = ("--ssl-certfile", args.ssl_certfile, "--ssl-keyfile", args.ssl_keyfile) if args.ssl_certfile else ()
+    env = {ANONYMOUS_ENV: "1"} if args.allow_anonymous else None
+    process = start_server(tag, args.port, host=args.host, env=env, own_session=False, args=tls)  # Ctrl+C too
+    local = f"{scheme}://127.0.0.1:{args.port}" if args.host in ("0.0.0.0", "::") else url
+    context = None
+    if tls:  # readiness of our own server on this machine: the certificate is the client's to check
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        if wait_ready(f"http://127.0.0.1:{args.port}" if args.host in ("0.0.0.0", "::") else url, process):
+        if wait_ready(local, process, context=context):
             print(f"\n  Ready: {url}   (web page {url}/, API docs {url}/docs; Ctrl+C stops it)\n", flush=True)
         return process.wait()
     except KeyboardInterrupt:

@@ -2,7 +2,8 @@
 
 ``bentoml serve service.service:HANClassifier`` serves ``POST /classify`` (labels, calibrated scores
 and, with ``explain``, every sentence's and word's weight with character offsets), ``GET /model``,
-the web page at ``/``, ``/docs``, and BentoML's ``/livez``, ``/readyz`` and ``/metrics``.
+the web page at ``/``, ``/docs``, and BentoML's ``/livez``, ``/readyz`` and ``/metrics``; with API
+keys configured, callers need one (``service.auth``).
 
 The model is ``$HAN_MODEL_TAG`` (default ``han-imdb:latest``), declared as a ``BentoModel`` so that
 ``bentoml build`` puts it in the bento. Requests pass the guard (``service.guard``), are gathered
@@ -12,6 +13,7 @@ across requests (``service.batcher``) and classified by ``han.Pipeline``, the on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -24,6 +26,16 @@ import han
 from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
 from model_store import MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
 from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
+from service.auth import (
+    ANONYMOUS_ENV,
+    METRICS_OPEN_ENV,
+    ApiKeyGuard,
+    KeysError,
+    bound_host,
+    exposure_problem,
+    is_loopback,
+    load_keys,
+)
 from service.batcher import RequestBatcher, observe_batch
 from service.guard import RequestGuard, error_response
 from service.pages import make_pages
@@ -68,8 +80,25 @@ def refuse_unservable_language(tag: str) -> None:
         return
 
 
+def api_keys() -> list[bytes]:
+    """The API keys; stops in one line when the keys are unreadable, or when the service would be
+    reachable from other machines with none (unless anonymous access is asked for, with a warning)."""
+    try:
+        keys = load_keys()
+    except KeysError as e:
+        sys.exit(f"error: {e}")
+    host, anonymous = bound_host(sys.argv, os.environ), os.environ.get(ANONYMOUS_ENV) == "1"
+    if problem := exposure_problem(host, keys, anonymous):
+        sys.exit(f"error: {problem}")
+    if anonymous and not keys and not is_loopback(host):
+        logging.getLogger(__name__).warning("serving on %s without API keys: anyone who can reach it may call it",
+                                            host)
+    return keys
+
+
 MODEL_TAG = served_model_tag()
 refuse_unservable_language(MODEL_TAG)
+API_KEYS = api_keys()
 
 
 @bentoml.service(
@@ -128,4 +157,5 @@ class HANClassifier:
         return out
 
 
-HANClassifier.add_asgi_middleware(RequestGuard)
+HANClassifier.add_asgi_middleware(ApiKeyGuard, keys=API_KEYS, open_metrics=os.environ.get(METRICS_OPEN_ENV) == "1")
+HANClassifier.add_asgi_middleware(RequestGuard)  # after the key check: a caller without a key is not read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -58,3 +59,14 @@ def shared_datasets() -> Path:
             pytest.fail(f"CI=true but the shared datasets are missing at {SHARED_DATASETS}")
         pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """pytest-playwright launches the Debian Chromium; it never downloads a browser of its own."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but Chromium is missing (apt-get install chromium)")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return {**browser_type_launch_args, "executable_path": path, "args": ["--no-sandbox"]}

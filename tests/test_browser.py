@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -52,17 +51,6 @@ DOM = """() => {
     baseline: document.getElementById('baseline').textContent,
   };
 }"""
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
-    """pytest-playwright launches the Debian Chromium; it never downloads a browser of its own."""
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but Chromium is missing (apt-get install chromium)")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return {**browser_type_launch_args, "executable_path": path, "args": ["--no-sandbox"]}
 
 
 @pytest.fixture(scope="session")

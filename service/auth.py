@@ -1,0 +1,126 @@
+"""Who may call the service: API keys, checked before anything else reads the request.
+
+Keys come from ``$HAN_API_KEYS_FILE`` (one key per line; blank lines and ``#`` comments skipped) or
+``$HAN_API_KEYS`` (comma-separated), never from the command line, where ``ps`` shows them. Several
+at once, so that one can be rotated while the other still works. A request sends
+``Authorization: Bearer KEY``; a missing or wrong key gets a 401 with ``WWW-Authenticate``. Keys are
+compared in constant time (against each key's SHA-256, so no length leaks either) and never logged.
+
+Open without a key: ``/livez`` and ``/readyz`` (orchestrators), the web page and the API
+documentation (no data; the page asks for the key), and ``/metrics`` when
+``HAN_METRICS_OPEN=1`` (for a scraper). Everything else (``/classify``, ``/model``, ``/metrics``)
+needs it.
+
+Bound to loopback, keys are optional. Bound to any other address without keys the service refuses
+to start unless anonymous access is asked for (``--allow-anonymous``, ``HAN_ALLOW_ANONYMOUS=1``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+KEYS_FILE_ENV, KEYS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS"
+ANONYMOUS_ENV, METRICS_OPEN_ENV = "HAN_ALLOW_ANONYMOUS", "HAN_METRICS_OPEN"
+OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
+REALM = 'Bearer realm="han"'
+
+Scope = MutableMapping[str, Any]
+App = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+class KeysError(ValueError):
+    """The keys' file cannot be read, or it or the variable holds no key."""
+
+
+def load_keys(env: MutableMapping[str, str] | None = None) -> list[bytes]:
+    """The configured keys (empty: none configured); the file wins over the variable."""
+    env = os.environ if env is None else env
+    if path := env.get(KEYS_FILE_ENV, "").strip():
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise KeysError(f"{KEYS_FILE_ENV}={path}: cannot read the keys ({e.__class__.__name__})") from None
+        keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if not keys:
+            raise KeysError(f"{KEYS_FILE_ENV}={path}: the file holds no key (one key per line)")
+    elif raw := env.get(KEYS_ENV, "").strip():
+        keys = [key.strip() for key in raw.split(",") if key.strip()]
+    else:
+        return []
+    for key in keys:  # a header carries printable ASCII; short keys can be guessed
+        if len(key) < 16 or not (key.isascii() and key.isprintable()) or " " in key:
+            raise KeysError(f"an API key must be at least 16 printable ASCII characters without spaces (one of "
+                            f"{len(keys)} is not); make one with: python -c 'import secrets; "
+                            "print(secrets.token_urlsafe(32))'")
+    return [key.encode("utf-8") for key in keys]
+
+
+def bound_host(argv: list[str], env: MutableMapping[str, str]) -> str:
+    """The address ``bentoml serve`` was asked to bind: its ``--host``, else ``$BENTOML_HOST``, else the
+    service's own default (loopback). Worker processes, started without ``--host``, read loopback: the
+    server process, which parses the command line, has checked already."""
+    for i, arg in enumerate(argv):
+        if arg == "--host" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--host="):
+            return arg.removeprefix("--host=")
+    return env.get("BENTOML_HOST") or "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, keys: list[bytes], allow_anonymous: bool) -> str | None:
+    """Why serving on ``host`` with these keys must not start (one line), or None."""
+    if is_loopback(host) or keys or allow_anonymous:
+        return None
+    return (f"--host {host} exposes the service beyond this machine and no API key is set: set {KEYS_FILE_ENV} "
+            f"(a file, one key per line) or {KEYS_ENV}, or pass --allow-anonymous ({ANONYMOUS_ENV}=1 for bentoml "
+            "serve) to serve without keys")
+
+
+class ApiKeyGuard:
+    """ASGI middleware: a request to a guarded path needs ``Authorization: Bearer <one of the keys>``."""
+
+    def __init__(self, app: App, keys: list[bytes], open_metrics: bool = False) -> None:
+        self.app = app
+        self.digests = [hashlib.sha256(key).digest() for key in keys]
+        self.open = OPEN_PATHS | ({"/metrics"} if open_metrics else set())
+
+    def allowed(self, authorization: bytes | None) -> bool:
+        scheme, _, token = (authorization or b"").partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        ok = False
+        for known in self.digests:  # every key compared, so the time says nothing about which matched
+            ok |= hmac.compare_digest(digest, known)
+        return ok and scheme.lower() == b"bearer"
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http" or not self.digests or scope["path"] in self.open:
+            await self.app(scope, receive, send)
+            return
+        authorization = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), None)
+        if self.allowed(authorization):
+            await self.app(scope, receive, send)
+            return
+        if authorization is None:
+            message, challenge = "this service needs an API key: send Authorization: Bearer <key>", REALM
+        else:
+            message, challenge = "the API key is not valid", REALM + ', error="invalid_token"'
+        response = JSONResponse({"error": message}, status_code=401, headers={"WWW-Authenticate": challenge})
+        await response(scope, receive, send)
