@@ -4,7 +4,7 @@
     python benchmarks/accuracy.py imdb 20newsgroups     # some of them
     python benchmarks/accuracy.py imdb --han-run runs/imdb   # reuse a finished `han-train fit` run
     python benchmarks/accuracy.py imdb 20newsgroups --labelled 2000   # few labels: 2,000 labelled + the rest unlabelled
-    python benchmarks/accuracy.py imdb --han-args="--model.nb_features true"   # any han-train override
+    python benchmarks/accuracy.py imdb --han-args="--model.dropout 0.4"   # any han-train override
     python benchmarks/accuracy.py --suite --jobs 2      # the default recipe across settings (benchmarks/suite.py)
 
 Baseline: TF-IDF uni+bigrams (sublinear tf, min_df=2) + LogisticRegression(C=10), or one-vs-rest
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--skip-han", action="store_true", help="baseline only")
     parser.add_argument("--labelled", type=int, help="few labels: train on N labelled documents, the rest unlabelled")
     parser.add_argument("--run-dir", type=Path, help="train the HAN in this folder (default runs/<config>[-few])")
-    parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.nb_features true'")
+    parser.add_argument("--han-args", default="", help="extra han-train overrides, e.g. '--model.dropout 0.4'")
     args = parser.parse_args()
     if unknown := set(args.datasets) - set(DATASETS):
         parser.error(f"unknown datasets: {', '.join(sorted(unknown))} (choose from {', '.join(DATASETS)})")

@@ -12,6 +12,7 @@ how many requests the service gathered into each model call (from ``/metrics``).
 
     python benchmarks/serve_load.py                        # serves han-imdb:latest
     python benchmarks/serve_load.py --make-bench-model     # registers and serves han-bench (see below)
+    python benchmarks/serve_load.py --compare-keys         # API keys on against off, in turn (A B A B)
 
 ``--make-bench-model`` registers ``han-bench``: the default architecture (``han.HANConfig`` and
 ``han.SegmenterConfig`` defaults), random weights and a vocabulary built from IMDB train
@@ -43,6 +44,9 @@ from service.process import free_port, start_server, stop_process_group, wait_re
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
+# Every request carries this key, whether or not the server checks keys (--compare-keys), so that the
+# two differ only in the check.
+AUTH = {"Authorization": "Bearer serve-load-bench-key-0123456789"}
 REST_SECONDS = 2.0  # the worker RSS is read again this long after the load: a worker idle 1 s gives freed memory back
 
 
@@ -71,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead: serve this other checkout (e.g. `git worktree add /tmp/prev HEAD~1`) and this one in "
         "turn, --rounds times, and print each one's docs/s under --clients clients and the ratio",
     )
+    parser.add_argument("--compare-keys", action="store_true",
+                        help="instead: serve this checkout without and with API keys in turn, --rounds times")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison (default 3)")
     return parser.parse_args(argv)
 
@@ -141,7 +147,8 @@ class Server:
         return max(sizes) / 2**20
 
     def metric(self, name: str) -> float:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+        request = urllib.request.Request(self.url + "/metrics", headers=AUTH)
+        with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read().decode()
         return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
@@ -179,7 +186,7 @@ async def run_load(url: str, texts: list[str], clients: int) -> dict:
                 started = time.perf_counter()
                 try:
                     async with session.post(
-                        url + "/classify", data=body, headers={"Content-Type": "application/json"}
+                        url + "/classify", data=body, headers={"Content-Type": "application/json", **AUTH}
                     ) as response:
                         payload = await response.read()
                         if response.status != 200:
@@ -285,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
 
     extra_env = dict(item.split("=", 1) for item in args.env)
     if args.compare_with:
-        return compare(args, tag, extra_env, warmup, single, load)
+        versions = [("previous", args.compare_with.resolve(), extra_env), ("this", REPO, extra_env)]
+        return compare(args, tag, versions, warmup, single, load)
+    if args.compare_keys:
+        keyed = {**extra_env, "HAN_API_KEYS": AUTH["Authorization"].removeprefix("Bearer ")}
+        return compare(args, tag, [("keys off", REPO, extra_env), ("keys on", REPO, keyed)], warmup, single, load)
     server = Server(tag, args.workers, args.service, extra_env)
     results: dict = {"model": tag, "service": args.service, "env": extra_env, "machine": info, "runs": []}
     try:
@@ -325,17 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compare(
-    args: argparse.Namespace, tag: str, extra_env: dict[str, str], warmup: list[str], single: list[str], load: list[str]
-) -> int:
-    """The other checkout and this one, served in turn (A B A B ...): docs/s and p50 per round, and the ratios."""
-    versions = [("previous", args.compare_with.resolve()), ("this", REPO)]
-    figures: dict[str, list[dict]] = {name: [] for name, _ in versions}
+def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, dict[str, str]]],
+            warmup: list[str], single: list[str], load: list[str]) -> int:
+    """Two versions (checkouts, or settings), served in turn (A B A B ...): docs/s and p50 per round, and the
+    ratios of the second to the first."""
+    figures: dict[str, list[dict]] = {name: [] for name, _, _ in versions}
     header = f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}"
     print(header + f"{'worker RSS MB':>15}{'at rest':>9}")
     for round_ in range(1, args.rounds + 1):
-        for name, repo in versions:
-            server = Server(tag, args.workers, args.service, extra_env, repo=repo)
+        for name, repo, env in versions:
+            server = Server(tag, args.workers, args.service, env, repo=repo)
             try:
                 server.wait_ready()
                 asyncio.run(run_load(server.url, warmup, 8))
@@ -361,9 +371,10 @@ def compare(
                 f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}",
                 flush=True,
             )
-    ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures["previous"], figures["this"], strict=True)]
+    (first, _, _), (second, _, _) = versions
+    ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures[first], figures[second], strict=True)]
     print(
-        f"\nthis / previous, docs/s under {args.clients} clients, per round: "
+        f"\n{second} / {first}, docs/s under {args.clients} clients, per round: "
         + ", ".join(f"{r:.3f}" for r in ratios)
         + f"; median {statistics.median(ratios):.3f}"
     )

@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compare-with", type=Path, help="also time the HAN of this model.py (another version)")
+    parser.add_argument("--only-shipped", action="store_true", help="time han.HAN alone (benchmarks/contention.py)")
     args = parser.parse_args()
     apply_defaults()
     torch.set_num_threads(args.threads)
@@ -120,7 +121,7 @@ def main() -> None:
     print(f"{args.config.name}: {args.batches} batches of {data_args.get('batch_size')} "
           f"({docs} documents, {words} words), {args.threads} torch threads, torch {torch.__version__}")
 
-    variants: dict[str, type[HAN]] = {"shipped": HAN, "packed": PackedHAN}
+    variants: dict[str, type[HAN]] = {"shipped": HAN} if args.only_shipped else {"shipped": HAN, "packed": PackedHAN}
     if args.compare_with:
         variants[args.compare_with.name] = load_han_class(args.compare_with.resolve())
     figures: dict[str, list[float]] = {name: [] for name in variants}

@@ -22,7 +22,6 @@ from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
 from training.callbacks import EMA
-from training.nb_features import feature_count, nb_ratios
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
 from training.word_vectors import WORD2VEC, resolve_embed_dim, word_vectors
 
@@ -52,7 +51,7 @@ class ReleasedEarlyStopping(EarlyStopping):
 
 
 class HANClassifier(pl.LightningModule):
-    """A HAN trained with AdamW or SGD (momentum), a learning-rate schedule and gradient clipping.
+    """A HAN trained with AdamW, a learning-rate schedule and gradient clipping.
 
     ``vocab_size``, ``num_labels`` and ``multi_label`` come from the data: ``han-train`` links
     them from the DataModule (``link_arguments``), so a config never sets them. Settings whose
@@ -70,15 +69,13 @@ class HANClassifier(pl.LightningModule):
         attention_dim: size of the attention MLPs and context vectors.
         dropout: dropout before the classifier head.
         word_dropout: share of words replaced by the unknown token while training.
-        optimizer: ``adamw`` or ``sgd`` (with Nesterov momentum).
         lr: peak learning rate.
-        weight_decay: decoupled weight decay (AdamW) or L2 (SGD); not applied to embeddings or biases.
-        momentum: SGD momentum.
+        weight_decay: decoupled weight decay; not applied to embeddings or biases.
         scheduler: ``plateau`` (the default: a linear warm-up over ``warmup_steps``, then the rate
             halved whenever the validation loss stalls once the vectors are released, and training
             stopped after ``patience`` validations without a lower one, or at 1/16 of the peak rate: it
             works whatever the number of steps), ``onecycle`` (warm-up then cosine decay to ~0 over
-            ``trainer.max_epochs``), ``cosine``, or ``constant``.
+            ``trainer.max_epochs``; the shipped dataset configs were tuned with it), or ``constant``.
         warmup_fraction: share of steps spent warming up with ``onecycle``.
         warmup_steps: steps of linear warm-up with ``plateau`` (by default from the data: training.recipe).
         patience: with ``plateau``, validations without a lower loss before training stops.
@@ -100,8 +97,6 @@ class HANClassifier(pl.LightningModule):
             large corpora; a few million words gain from more).
         freeze_embeddings: keep the initial vectors fixed for this many epochs (the new layers first
             learn to read them).
-        nb_features: give the word encoder each word's Naive Bayes log-count ratios from the training
-            data beside its embedding (``training.nb_features``).
         sentence_values: what the sentence attention averages into the document vector:
             ``contextual`` (the sentence BiGRU's states, as in Yang et al.) or ``own`` (each sentence's
             own vector, so that removing a sentence changes no other's; see ``han.HANConfig``).
@@ -118,11 +113,9 @@ class HANClassifier(pl.LightningModule):
         attention_dim: int = HANConfig.attention_dim,
         dropout: float | None = None,
         word_dropout: float | None = None,
-        optimizer: Literal["adamw", "sgd"] = "adamw",
         lr: float = 3e-3,
         weight_decay: float = 1e-4,
-        momentum: float = 0.9,
-        scheduler: Literal["plateau", "onecycle", "cosine", "constant"] = "plateau",
+        scheduler: Literal["plateau", "onecycle", "constant"] = "plateau",
         warmup_fraction: float = 0.1,
         warmup_steps: int | None = None,
         patience: int | None = None,
@@ -133,7 +126,6 @@ class HANClassifier(pl.LightningModule):
         embeddings: str | None = "word2vec",
         word2vec_epochs: int | None = None,
         freeze_embeddings: int | None = None,
-        nb_features: bool = False,
         sentence_values: Literal["contextual", "own"] = "contextual",
     ) -> None:
         super().__init__()
@@ -176,7 +168,7 @@ class HANClassifier(pl.LightningModule):
             vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
             word_hidden=word_hidden, sentence_hidden=sentence_hidden, attention_dim=attention_dim,
             dropout=dropout, word_dropout=word_dropout,
-            nb_features=feature_count(num_labels, multi_label) if nb_features else 0, sentence_values=sentence_values,
+            sentence_values=sentence_values,
         ))
         n = num_labels
         if multi_label:
@@ -215,10 +207,6 @@ class HANClassifier(pl.LightningModule):
             with torch.no_grad():
                 self.net.embedding.weight.copy_(torch.from_numpy(vectors.matrix))
             rank_zero_info(f"{vectors.source}: {vectors.coverage(data.token_counts())}")
-        if self.net.config.nb_features:
-            train = data.splits["train"]
-            ratios = nb_ratios(train.documents, train.targets, len(data.vocab), self.net.config.multi_label)
-            self.net.nb_ratios.copy_(torch.from_numpy(ratios))
         if self._stored is not None:
             rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
             self._stored = None
@@ -287,10 +275,7 @@ class HANClassifier(pl.LightningModule):
         for name, param in self.named_parameters():
             (no_decay if name.endswith("bias") or "embedding" in name or "context" in name else decay).append(param)
         groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if hp.optimizer == "sgd":
-            optimizer = torch.optim.SGD(groups, lr=hp.lr, momentum=hp.momentum, nesterov=True)
-        else:
-            optimizer = torch.optim.AdamW(groups, lr=hp.lr, fused=True)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, fused=True)
         if hp.scheduler == "constant":
             return optimizer
         if hp.scheduler == "plateau":
@@ -302,13 +287,8 @@ class HANClassifier(pl.LightningModule):
             return {"optimizer": optimizer,
                     "lr_scheduler": {"scheduler": plateau, "interval": "epoch", "monitor": PLATEAU_MONITOR}}
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        if hp.scheduler == "onecycle":
-            schedule = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=hp.lr, total_steps=total, pct_start=hp.warmup_fraction,
-                cycle_momentum=hp.optimizer == "sgd",
-            )
-        else:
-            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=hp.lr, total_steps=total, pct_start=hp.warmup_fraction, cycle_momentum=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def configure_callbacks(self) -> list[Callback]:

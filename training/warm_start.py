@@ -36,9 +36,6 @@ def warm_start(net: HAN, stored: SavedModel, vocab: Vocabulary, labels: list[str
         if getattr(net.config, name) != getattr(source.config, name):
             raise ValueError(f"model.init_from: the stored model has {name}={getattr(source.config, name)}, "
                              f"this run {getattr(net.config, name)}")
-    if net.config.nb_features != source.config.nb_features:
-        raise ValueError(f"model.init_from: the stored model has nb_features={source.config.nb_features}, "
-                         f"this run {net.config.nb_features} (set --model.nb_features to match)")
     if net.config.sentence_values != source.config.sentence_values:
         raise ValueError(f"model.init_from: the stored model has sentence_values={source.config.sentence_values}, "
                          f"this run {net.config.sentence_values}")

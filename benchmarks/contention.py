@@ -1,0 +1,94 @@
+"""How a workload slows down beside busy neighbours: its wall time alone, beside one and beside two
+single-threaded CPU-bound processes (``python -c 'while 1: pass'``), in rounds, side by side.
+
+    python benchmarks/contention.py training          # 60 IMDB training batches, 1 and 2 torch threads
+    python benchmarks/contention.py han-score         # han-score on 4,000 IMDB test reviews
+    python benchmarks/contention.py service           # 32 clients against the service (serve_load)
+    python benchmarks/contention.py all --rounds 2
+
+Prints each variant's median wall time per condition and its slowdown (time beside N / time alone),
+with the load average before. Run it on an otherwise quiet machine: it makes its own neighbours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BUSY = [sys.executable, "-c", "while 1: pass"]
+
+
+def workloads(tmp: Path) -> dict[str, dict[str, list[str]]]:
+    """Each workload's variants: name -> command."""
+    python = sys.executable
+    train = [python, "benchmarks/train_speed.py", "--config", "data/configs/imdb_quick.yaml", "--batches", "60",
+             "--rounds", "1", "--only-shipped"]
+    reviews = tmp / "reviews.parquet"
+    if not reviews.is_file():
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet", columns=["text"])
+        pq.write_table(table.slice(0, 4000), reviews)
+    score = [str(BIN / "han-score"), str(reviews), str(tmp / "scored.parquet"), "--overwrite", "--quiet",
+             "--model", os.environ.get("HAN_MODEL_TAG", "han-imdb:latest")]
+    serve = [python, "benchmarks/serve_load.py", "--make-bench-model", "--requests", "1500", "--single", "50"]
+    return {
+        "training": {"1 thread": [*train, "--threads", "1"], "2 threads": [*train, "--threads", "2"]},
+        "han-score": {"default": score},
+        "service": {"default": serve},
+    }
+
+
+def timed(command: list[str], neighbours: int) -> float:
+    """Wall seconds of ``command`` with ``neighbours`` busy loops running beside it."""
+    busy = [subprocess.Popen(BUSY) for _ in range(neighbours)]
+    try:
+        time.sleep(0.5 if busy else 0)
+        start = time.perf_counter()
+        subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - start
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", choices=["training", "han-score", "service", "all"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--neighbours", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.gettempdir()) / "han-contention"
+    tmp.mkdir(exist_ok=True)
+    chosen = workloads(tmp)
+    names = list(chosen) if args.workload == "all" else [args.workload]
+    print(f"{os.cpu_count()} cores; load average before {os.getloadavg()[0]:.2f}; {args.rounds} rounds", flush=True)
+    for name in names:
+        times: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.rounds):  # rounds interleave every variant and condition
+            for variant, command in chosen[name].items():
+                for n in args.neighbours:
+                    times.setdefault((variant, n), []).append(timed(command, n))
+        print(f"\n{name}\n| variant | " + " | ".join(f"beside {n} (s)" for n in args.neighbours)
+              + " | " + " | ".join(f"slowdown beside {n}" for n in args.neighbours if n) + " |")
+        print("| --- |" + " ---: |" * (2 * len(args.neighbours) - 1))
+        for variant in chosen[name]:
+            medians = {n: statistics.median(times[(variant, n)]) for n in args.neighbours}
+            base = medians[args.neighbours[0]]
+            print(f"| {variant} | " + " | ".join(f"{medians[n]:.1f}" for n in args.neighbours) + " | "
+                  + " | ".join(f"{medians[n] / base:.2f}x" for n in args.neighbours if n) + " |", flush=True)
+    print(f"\nload average after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

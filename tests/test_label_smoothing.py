@@ -1,0 +1,42 @@
+"""Label smoothing: the training loss against smoothed targets, and a real fit with it on the fixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from han import Pipeline, SavedModel
+from tests.conftest import REPO
+from training.cli import main
+from training.module import HANClassifier
+
+SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
+
+
+def test_a_fit_with_label_smoothing_exports_a_model_that_predicts(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
+          str(tmp_path / "cache"), "--model.label_smoothing", "0.1", "--export.faithfulness", "0"])
+    saved = SavedModel.load(root / "model")
+    (result,) = Pipeline(saved)(["A wonderful film. Superb acting, I loved it."])
+    assert result.label == "pos"
+
+
+def test_a_model_directory_with_the_removed_nb_features_setting_is_refused_in_one_line() -> None:
+    from han.model import HANConfig
+
+    assert HANConfig.from_dict({"vocab_size": 5, "num_labels": 2, "nb_features": 0}).vocab_size == 5
+    with pytest.raises(ValueError, match="nb_features .* is no longer supported"):
+        HANConfig.from_dict({"vocab_size": 5, "num_labels": 2, "nb_features": 1})
+
+
+def test_label_smoothing_softens_the_training_loss_target() -> None:
+    logits = torch.tensor([[8.0, -8.0]])
+    target = torch.tensor([0])
+    plain = HANClassifier(vocab_size=10, num_labels=2).loss_fn(logits, target)
+    smoothed = HANClassifier(vocab_size=10, num_labels=2, label_smoothing=0.2).loss_fn(logits, target)
+    assert smoothed > plain + 1.0  # a confident right answer is penalised once targets are smoothed
+    with pytest.raises(ValueError, match="label_smoothing"):
+        HANClassifier(vocab_size=10, num_labels=2, label_smoothing=1.0)
