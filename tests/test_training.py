@@ -89,7 +89,8 @@ def test_fit_registers_the_model_in_the_bentoml_store_with_its_metrics(tmp_path:
 
 
 def test_weight_averaging_from_the_command_line_exports_the_averaged_weights(tmp_path: Path) -> None:
-    """The README's EMA recipe: the exported model holds the averaged weights, not the last ones."""
+    """Lightning's own EMAWeightAveraging from the command line (which docs/training.md tells apart from
+    --model.ema): the exported model holds the averaged weights, not the last ones."""
     import torch
 
     root = fit(tmp_path, "--trainer.max_epochs", "6",
