@@ -7,7 +7,7 @@ is a dependent service: ``HANClassifierAdaptive`` passes the documents to
 gathers the documents of concurrent requests into one call of ``han.Pipeline``.
 
 ``benchmarks/serve_load.py --service benchmarks.adaptive_batching_service:HANClassifierAdaptive``
-measures it beside the shipped service (see BENCHMARKS.md). ``HAN_PATCH_SESSION_REFRESH=1`` works
+measures it beside the shipped service (see docs/experiments.md). ``HAN_PATCH_SESSION_REFRESH=1`` works
 around BentoML 1.4.39 closing its client session to the dependency every 100 requests while
 other requests are still in flight on it (they fail with "Server disconnected").
 """

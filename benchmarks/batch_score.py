@@ -1,6 +1,6 @@
 """Benchmark ``han-score``: documents/s end to end and peak memory, on the IMDB test reviews.
 
-    .venv/bin/python benchmarks/batch_score.py                       # the figures in BENCHMARKS.md
+    .venv/bin/python benchmarks/batch_score.py                       # 5,000 and 25,000 rows, explanations off and on
     .venv/bin/python benchmarks/batch_score.py --model han-imdb:latest --rows 25000 --explain-modes off
     .venv/bin/python benchmarks/batch_score.py --engine ray --rows 25000 --repeat 3   # Ray vs local, in turn
     .venv/bin/python benchmarks/batch_score.py --stages 10000      # CPU ms per review of each stage

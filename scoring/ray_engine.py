@@ -149,7 +149,7 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     # pools trigger on every run (ray-project/ray#53727: constructor arguments in the object store).
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     # Ray starts a worker per CPU for its first driver before any task asks for one; on 2 cores these
-    # compete with the actors' start-up, and Ray Data starts its own workers anyway (BENCHMARKS.md).
+    # compete with the actors' start-up, and Ray Data starts its own workers anyway (docs/experiments.md).
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
     if address:
@@ -169,7 +169,7 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = not quiet
     # The V1 Parquet reader reads a few files' footers in the read tasks; V2 starts footer-reader
-    # actors first, two more worker processes (BENCHMARKS.md: han-score on Ray).
+    # actors first, two more worker processes (docs/experiments.md: han-score on Ray).
     ctx.use_datasource_v2 = False
     ctx.print_on_execution_start = False
     # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
@@ -227,7 +227,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     from scoring.formats import OutputSpec
 
     # The model loads (torch and spaCy imported) once Ray is up, while Ray Data samples the input in
-    # a Ray worker: nothing before ray.init imports them (BENCHMARKS.md: Ray before torch).
+    # a Ray worker: nothing before ray.init imports them (docs/experiments.md: Ray before torch).
     with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
         loading = pool.submit(model)
         try:
@@ -259,7 +259,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     # Ray Data's read already splits the input into blocks for the cluster's parallelism (about 1 MiB
     # each on a small input: 31 of 807 rows for 25,000 reviews), which map_batches cuts into batches of
     # --window rows in the actor. A repartition to --window rows was an operator of its own, its tasks
-    # copying every block once more between processes (BENCHMARKS.md).
+    # copying every block once more between processes (docs/experiments.md).
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
     scored = ds.map_batches(
         RayScorer,

@@ -3,7 +3,7 @@
 A request that finds the model idle runs at once; the requests that arrive while a batch runs go
 together in the next one. Batches grow with the load and an idle service adds no waiting time.
 (BentoML's own adaptive batching sits behind an HTTP hop to a dependent service and, here, cost
-more CPU per document and latency than the whole model call; see BENCHMARKS.md.)
+more CPU per document and latency than the whole model call; see docs/experiments.md.)
 """
 
 from __future__ import annotations

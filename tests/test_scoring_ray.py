@@ -203,7 +203,7 @@ def test_the_driver_starts_ray_before_importing_torch_and_spacy() -> None:
 
 
 def test_ray_workers_run_at_the_drivers_priority(local_ray: None) -> None:
-    """Ray's default nice 15 starved the actors beside any other busy process (BENCHMARKS.md)."""
+    """Ray's default nice 15 starved the actors beside any other busy process (docs/experiments.md)."""
 
     @ray.remote(num_cpus=0.1)
     def niceness() -> int:
