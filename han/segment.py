@@ -96,7 +96,12 @@ class SegmenterConfig:
     language: str = "en"  # model directories saved before languages have none: English
 
     def to_dict(self) -> dict[str, int | str]:
-        return asdict(self)
+        """English is left out: such a model directory stays readable by versions before languages, and
+        the tokenisation caches of English data keep their keys."""
+        settings = asdict(self)
+        if settings["language"] == "en":
+            del settings["language"]
+        return settings
 
 
 def _empty(dtype: type = np.int64) -> np.ndarray:
