@@ -2,6 +2,7 @@
 single-threaded CPU-bound processes (``python -c 'while 1: pass'``), in rounds, side by side.
 
     python benchmarks/contention.py training          # 60 IMDB training batches, 1 and 2 torch threads
+    python benchmarks/contention.py fit               # a real han-train epoch of 150 batches (imdb_quick.yaml)
     python benchmarks/contention.py han-score         # han-score on 4,000 IMDB test reviews
     python benchmarks/contention.py service           # 32 clients against the service (serve_load)
     python benchmarks/contention.py all --rounds 2
@@ -40,9 +41,15 @@ def workloads(tmp: Path) -> dict[str, dict[str, list[str]]]:
         pq.write_table(table.slice(0, 4000), reviews)
     score = [str(BIN / "han-score"), str(reviews), str(tmp / "scored.parquet"), "--overwrite", "--quiet",
              "--model", os.environ.get("HAN_MODEL_TAG", "han-imdb:latest")]
+    fit = [str(BIN / "han-train"), "fit", "--config", "data/configs/imdb_quick.yaml", "--trainer.max_epochs", "1",
+           "--trainer.limit_train_batches", "150", "--trainer.limit_val_batches", "0", "--data.test", "null",
+           "--export.baseline", "false", "--export.faithfulness", "0", "--export.register", "false",
+           "--trainer.default_root_dir", str(tmp / "fit"), "--trainer.enable_progress_bar", "false"]
     serve = [python, "benchmarks/serve_load.py", "--make-bench-model", "--requests", "1500", "--single", "50"]
     return {
         "training": {"1 thread": [*train, "--threads", "1"], "2 threads": [*train, "--threads", "2"]},
+        "fit": {"threads follow free cores (default)": fit, "2 threads (OMP_NUM_THREADS=2)": ["env",
+                "OMP_NUM_THREADS=2", *fit]},
         "han-score": {"default": score},
         "service": {"default": serve},
     }
@@ -58,7 +65,8 @@ def timed(command: list[str], neighbours: int) -> float:
         done = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
         wall = time.perf_counter() - start
         steps = re.search(r"\((\d+) documents.*\n.*?([\d.]+) docs/s", done.stdout)
-        return int(steps.group(1)) / float(steps.group(2)) if steps else wall
+        epoch = re.search(r"^epoch 0: ([\d.]+) s", done.stdout + done.stderr, re.MULTILINE)
+        return int(steps.group(1)) / float(steps.group(2)) if steps else float(epoch.group(1)) if epoch else wall
     finally:
         for process in busy:
             process.kill()
@@ -67,7 +75,7 @@ def timed(command: list[str], neighbours: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=["training", "han-score", "service", "all"])
+    parser.add_argument("workload", choices=["training", "fit", "han-score", "service", "all"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--neighbours", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)

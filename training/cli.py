@@ -19,7 +19,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from han.environment import apply_defaults
+from han.environment import apply_defaults, usable_cores
 from han.saved_model import ModelDirectoryError
 from training import recipe
 from training.data import HANDataModule
@@ -100,8 +100,9 @@ def _data_name(source: str) -> str:
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``han-train``; user errors print one line and exit with status 2."""
     apply_defaults()
-    # All cores unless OMP_NUM_THREADS says otherwise (torch's own default can be fewer than the cores).
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
+    # The cores this process may use unless OMP_NUM_THREADS says otherwise (torch's own default can be
+    # fewer); while training, the count then follows the cores other processes leave free (training.threads).
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cores())
     try:
         cli = _run(args)
         if cli.subcommand == "fit" and teaching(cli.config.fit):

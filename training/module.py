@@ -22,6 +22,7 @@ from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
 from training.callbacks import EMA
+from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
 from training.word_vectors import WORD2VEC, resolve_embed_dim, word_vectors
 
@@ -295,6 +296,7 @@ class HANClassifier(pl.LightningModule):
         if self.trainer.state.fn != "fit":  # test, validate and predict read a checkpoint's weights as they are
             return []
         callbacks: list[Callback] = [EMA(decay=self.hparams.ema)] if self.hparams.ema else []
+        callbacks += thread_callbacks()  # torch threads follow the free cores (training.threads)
         if self.hparams.scheduler == "plateau":
             # Stops on the validation loss; the checkpoint callback keeps the best weights for export.
             callbacks.append(ReleasedEarlyStopping(self.hparams.freeze_embeddings, monitor=PLATEAU_MONITOR, mode="min",
