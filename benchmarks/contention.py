@@ -56,8 +56,9 @@ def workloads(tmp: Path) -> dict[str, dict[str, list[str]]]:
 
 
 def timed(command: list[str], neighbours: int) -> float:
-    """Seconds of ``command`` with ``neighbours`` busy loops running beside it: the wall time, or for
-    train_speed.py the time its training steps took (its set-up, reading the cache, left out)."""
+    """Seconds of ``command`` with ``neighbours`` busy loops running beside it: the wall time, or the
+    time the measured part took where the command reports it (train_speed.py's steps, a fit's first
+    epoch, serve_load.py's concurrent run), start-up left out."""
     busy = [subprocess.Popen(BUSY) for _ in range(neighbours)]
     try:
         time.sleep(0.5 if busy else 0)
@@ -66,7 +67,11 @@ def timed(command: list[str], neighbours: int) -> float:
         wall = time.perf_counter() - start
         steps = re.search(r"\((\d+) documents.*\n.*?([\d.]+) docs/s", done.stdout)
         epoch = re.search(r"^epoch 0: ([\d.]+) s", done.stdout + done.stderr, re.MULTILINE)
-        return int(steps.group(1)) / float(steps.group(2)) if steps else float(epoch.group(1)) if epoch else wall
+        load = re.search(r"^\d+ clients\s+(\d+)\s+\d+\s+([\d.]+)", done.stdout, re.MULTILINE)  # serve_load
+        for found in (steps, load):
+            if found:
+                return int(found.group(1)) / float(found.group(2))
+        return float(epoch.group(1)) if epoch else wall
     finally:
         for process in busy:
             process.kill()
