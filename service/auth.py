@@ -93,6 +93,15 @@ def exposure_problem(host: str, keys: list[bytes], allow_anonymous: bool) -> str
             "serve) to serve without keys")
 
 
+def startup_keys(host: str, allow_anonymous: bool) -> list[bytes]:
+    """The keys to serve ``host`` with; KeysError (one line) when they are unreadable, or when the service
+    would be reachable from other machines without any and anonymous access was not asked for."""
+    keys = load_keys()
+    if problem := exposure_problem(host, keys, allow_anonymous):
+        raise KeysError(problem)
+    return keys
+
+
 class ApiKeyGuard:
     """ASGI middleware: a request to a guarded path needs ``Authorization: Bearer <one of the keys>``."""
 

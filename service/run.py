@@ -25,7 +25,7 @@ from pathlib import Path
 
 from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
-from service.auth import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, KeysError, exposure_problem, load_keys
+from service.auth import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
 
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
     try:  # before any training: a server that would refuse to start says so now
-        problem = exposure_problem(args.host, load_keys(), args.allow_anonymous)
+        startup_keys(args.host, args.allow_anonymous)
     except KeysError as e:
-        problem = str(e)
-    if problem:
-        sys.exit(f"error: {problem}")
+        sys.exit(f"error: {e}")
     tag = args.tag or default_model_tag()
     if not has_model(tag):
         if tag.split(":")[0] != DEFAULT_MODEL_TAG.split(":")[0]:

@@ -32,9 +32,8 @@ from service.auth import (
     ApiKeyGuard,
     KeysError,
     bound_host,
-    exposure_problem,
     is_loopback,
-    load_keys,
+    startup_keys,
 )
 from service.batcher import RequestBatcher, observe_batch
 from service.guard import RequestGuard, error_response
@@ -83,13 +82,11 @@ def refuse_unservable_language(tag: str) -> None:
 def api_keys() -> list[bytes]:
     """The API keys; stops in one line when the keys are unreadable, or when the service would be
     reachable from other machines with none (unless anonymous access is asked for, with a warning)."""
+    host, anonymous = bound_host(sys.argv, os.environ), os.environ.get(ANONYMOUS_ENV) == "1"
     try:
-        keys = load_keys()
+        keys = startup_keys(host, anonymous)
     except KeysError as e:
         sys.exit(f"error: {e}")
-    host, anonymous = bound_host(sys.argv, os.environ), os.environ.get(ANONYMOUS_ENV) == "1"
-    if problem := exposure_problem(host, keys, anonymous):
-        sys.exit(f"error: {problem}")
     if anonymous and not keys and not is_loopback(host):
         logging.getLogger(__name__).warning("serving on %s without API keys: anyone who can reach it may call it",
                                             host)

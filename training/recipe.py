@@ -142,8 +142,9 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
     the log lines that say what was chosen and why. Outside ``fit`` only what reading the data and a
     checkpoint needs is filled (multi-label, the batch size, the checkpoint's monitor), silently."""
     data, model, trainer = config.data, config.model, config.trainer
+    language = getattr(data, "language", "en")
     try:  # an unknown language code, or its tokenizer's package missing, stops the run before any work
-        check_language(getattr(data, "language", "en"))
+        check_language(language)
     except LanguageError as e:
         raise DataError(f"data.language: {e}") from None
     p = profile(data.train, data.text_column, data.label_column, data.multi_label, data.val_fraction,
@@ -192,7 +193,7 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
                      f"it, at most {trainer.max_epochs} epochs")
     self_training = getattr(getattr(config, "self_training", None), "fraction", 0) or 0
     lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled,
-                                                        getattr(data, "language", "en"))]
+                                                        language)]
     return lines
 
 
