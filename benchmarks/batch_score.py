@@ -188,14 +188,12 @@ def _tokenise(model: str, source: str, out: Any) -> None:
 
 def compare_designs(model: str, data: Path, rows: int, repeat: int, workdir: Path) -> None:
     """Steady docs/s of han-score's design (every process segments and scores whole windows) against
-    one process per stage, and against more torch threads; interleaved, best of ``repeat``."""
+    one process per stage; interleaved, best of ``repeat``."""
     source = data if rows >= _num_rows(data) else first_rows(data, rows, workdir / f"first-{rows}.parquet")
     summary = workdir / "design.json"
     designs = {
-        "han-score, 2 processes x 1 thread (default)": ["--workers", "2", "--threads", "1"],
-        "han-score, 1 process x 1 thread": ["--workers", "1", "--threads", "1"],
-        "han-score, 1 process x 2 threads": ["--workers", "1", "--threads", "2"],
-        "han-score, 2 processes x 2 threads": ["--workers", "2", "--threads", "2"],
+        "han-score, 2 processes x 1 thread (default)": ["--workers", "2"],
+        "han-score, 1 process x 1 thread": ["--workers", "1"],
         "split: tokeniser process -> model process, 1 thread": "split-1",
         "split: tokeniser process -> model process, 2 threads": "split-2",
     }
@@ -297,7 +295,7 @@ def main() -> None:
         help="instead: CPU ms per review of segment, encode and forward in one process over the first ROWS rows",
     )
     parser.add_argument("--split-pipeline", nargs=4, help=argparse.SUPPRESS)  # internal: one --designs run
-    parser.add_argument("extra", nargs="*", help="extra han-score options after --, e.g. -- --workers 1 --threads 2")
+    parser.add_argument("extra", nargs="*", help="extra han-score options after --, e.g. -- --workers 1")
     args = parser.parse_args()
     if args.split_pipeline:
         model, source, threads, summary = args.split_pipeline

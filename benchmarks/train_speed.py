@@ -34,8 +34,9 @@ import yaml
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from han.cpu_kernels import gather_steps, mask, reverse_within
 from han.environment import apply_defaults
-from han.model import HAN, BiGRU, HANConfig, _gather_steps, _mask, _reverse_within
+from han.model import HAN, BiGRU, HANConfig
 from training.data import HANDataModule
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,9 +51,9 @@ def packed(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
         sequences = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
         return pad_packed_sequence(gru(sequences)[0], batch_first=True, total_length=steps)[0]
 
-    reverse = _reverse_within(lengths, steps)
-    backward = _gather_steps(run(rnn.backward_rnn, _gather_steps(x, reverse)), reverse)
-    return torch.cat([run(rnn.forward_rnn, x), backward], dim=-1) * _mask(lengths, steps).unsqueeze(-1)
+    reverse = reverse_within(lengths, steps)
+    backward = gather_steps(run(rnn.backward_rnn, gather_steps(x, reverse)), reverse)
+    return torch.cat([run(rnn.forward_rnn, x), backward], dim=-1) * mask(lengths, steps).unsqueeze(-1)
 
 
 class PackedHAN(HAN):
@@ -64,7 +65,7 @@ class PackedHAN(HAN):
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         h = packed(self.word_rnn, self.embedding(words), lengths)
-        return self.word_attention(h, _mask(lengths, words.shape[1]))
+        return self.word_attention(h, mask(lengths, words.shape[1]))
 
 
 def load_han_class(path: Path) -> type[HAN]:

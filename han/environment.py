@@ -41,9 +41,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def tune_process(threads: int) -> None:
+def tune_process(threads: int = 1) -> None:
     """Settings for a process that runs the model (han-score's scoring processes, a serving worker):
-    torch threads, and glibc malloc kept from thrashing.
+    one torch thread by default (a second one measured no faster and slower beside any other busy
+    process: BENCHMARKS.md), and glibc malloc kept from thrashing.
 
     Each batch allocates and frees tensors of several MB. By default glibc serves those with
     mmap/munmap (and trims the heap after big frees), so every batch page-faults fresh zeroed

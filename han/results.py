@@ -2,13 +2,12 @@
 
 Plain dataclasses. The service's response schema is derived from them (pydantic reads the
 attribute docstrings below as field descriptions), and han-score's output columns are named
-after their fields (``output_columns``). Scores and weights are rounded to ``DECIMALS`` places.
+after their fields (``scoring.formats``). Scores and weights are rounded to ``DECIMALS`` places.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 DECIMALS = 6  # places kept for scores and weights (a float32 holds about 7 significant digits)
 
@@ -82,23 +81,3 @@ class DocumentError:
     """Its position in the input."""
     reason: str
     """Why, e.g. 'the document is empty or whitespace only'."""
-
-
-def output_columns(labels: list[str], multi_label: bool, top_k: bool) -> list[str]:
-    """Flat column names for a table of DocumentResults (han-score): one per field, ``scores``
-    spread into ``score_<label>``; ``labels`` only for multi-label models; the top-k lists only
-    when asked for; the full ``sentences`` tree never (it is not tabular)."""
-    skipped = {"sentences"} | (set() if multi_label else {"labels"})
-    skipped |= set() if top_k else {"method", "top_sentences", "top_words"}
-    columns = []
-    for f in fields(DocumentResult):
-        if f.name == "scores":
-            columns += [f"score_{label}" for label in labels]
-        elif f.name not in skipped:
-            columns.append(f.name)
-    return columns
-
-
-def span_records(spans: list[WordWeight] | list[SentenceWeight]) -> list[dict[str, Any]]:
-    """Top-k spans as plain records (text, start, end, weight) for a table cell."""
-    return [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight} for s in spans]

@@ -61,7 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top-sentences", type=_positive, default=3, help="sentences per explanation (default: 3)")
     p.add_argument("--top-words", type=_positive, default=5, help="words per explanation (default: 5)")
-    p.add_argument("--batch-size", type=_positive, default=64, help="documents per model batch (default: 64)")
     p.add_argument(
         "--num-shards",
         type=_positive,
@@ -90,7 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="scoring processes, this one included; each segments and runs the model on whole windows "
         f"(default: the usable cores, here {default_workers()})",
     )
-    p.add_argument("--threads", type=_positive, default=1, help="torch threads per scoring process (default: 1)")
     p.add_argument(
         "--engine",
         choices=("local", "ray"),

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import signal
 import sys
 import time
@@ -35,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scoring.arguments import build_parser, default_workers
-from scoring.progress import print_summary, trace
+from scoring.progress import print_summary
 from scoring.workers import Workers
 
 
@@ -48,18 +46,8 @@ class BatchError(Exception):
 
 
 def command() -> None:
-    """``han-score``. A finished Ray run (outputs closed, Ray stopped) exits without Python's teardown:
-    freeing torch's and Ray's modules took 1 to 2.7 s after the work was done."""
-    code = main()
-    if _ray_run_finished:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
-_ray_run_finished = False
+    """``han-score``."""
+    sys.exit(main())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,16 +129,13 @@ def _check_and_run(
     # Arrow's default pool (mimalloc) keeps freed reading buffers mapped: measured on IMDB test,
     # +87 MB of RSS at 25,000 rows over 5,000 (one big row group); glibc's pool, +27 MB.
     pa.set_memory_pool(pa.system_memory_pool())
-    trace("imported")
 
     # Everything else that can be wrong before any work is done is checked here, each in one line.
     try:
         source = read.open_input(input_path, args.text_column, args.id_column)
     except read.InputError as e:
         raise BatchError(str(e)) from None
-    trace("input opened")
     model_dir, saved = _resolve_model(args.model)
-    trace("model checked")
     spec = formats.OutputSpec(
         list(saved.labels),
         bool(saved.model.config.multi_label),
@@ -163,8 +148,7 @@ def _check_and_run(
         output.parent.mkdir(parents=True, exist_ok=True)
     except (formats.OutputError, OSError) as e:
         raise BatchError(str(e)) from None
-    options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words, args.batch_size,
-                             threads=args.threads)
+    options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words)
     stat = input_path.stat()
     job = {
         "input": str(input_path.resolve()),
@@ -247,8 +231,6 @@ def _run_ray(args: argparse.Namespace) -> int:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if not args.quiet:
         ray_engine.print_summary(summary)
-    global _ray_run_finished
-    _ray_run_finished = True
     return 0
 
 

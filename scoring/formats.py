@@ -1,5 +1,9 @@
-"""han-score's output: the columns (named after ``han.DocumentResult``'s fields), a chunk of scored
-rows held as columns, and the three file formats a chunk is written in."""
+"""han-score's output, declared here and nowhere else: its columns and their types, a window and a
+chunk of scored rows held as columns, and the three file formats a chunk is written in.
+
+The columns are named after ``han.DocumentResult``'s fields (a test keeps them so): ``row``, ``id``
+(with --id-column), ``label``, ``labels`` (multi-label models), one ``score_<label>`` per label,
+``truncated``, and with --explain ``method``, ``top_sentences`` and ``top_words``."""
 
 from __future__ import annotations
 
@@ -12,10 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from scoring.score import ScoredWindow
-
 OUTPUT_FORMATS = (".parquet", ".jsonl", ".csv")
 PER_ROW = ("label", "labels", "truncated", "method", "top_sentences", "top_words")  # ScoredWindow's columns
+EXPLANATION = ("method", "top_sentences", "top_words")  # written with --explain only
+
+
+@dataclass
+class ScoredWindow:
+    """Columns for the rows that were scored (``index``: their positions in the window), and the
+    rows that were not (``errors``: position, reason)."""
+
+    index: list[int] = field(default_factory=list)
+    label: list[str] = field(default_factory=list)
+    labels: list[list[str]] = field(default_factory=list)
+    scores: list[list[float]] = field(default_factory=list)  # per row, in the model's label order
+    truncated: list[bool] = field(default_factory=list)
+    method: list[str | None] = field(default_factory=list)
+    top_sentences: list[list[dict] | None] = field(default_factory=list)
+    top_words: list[list[dict] | None] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
 
 
 class OutputError(Exception):
@@ -33,9 +52,10 @@ class OutputSpec:
     explain: bool
 
     def columns(self) -> list[str]:
-        from han.results import output_columns
-
-        return ["row"] + (["id"] if self.has_id else []) + output_columns(self.labels, self.multi_label, self.explain)
+        """The column names in file order."""
+        names = ["row"] + (["id"] if self.has_id else []) + ["label"] + (["labels"] if self.multi_label else [])
+        names += [f"score_{label}" for label in self.labels] + ["truncated"]
+        return names + (list(EXPLANATION) if self.explain else [])
 
 
 @dataclass
@@ -143,6 +163,11 @@ class ParquetFormat(OutputFormat):
         with pq.ParquetWriter(f, self.schema) as writer:
             for part in parts:  # one chunk in memory at a time
                 writer.write_table(pq.read_table(part, schema=self.schema))
+
+
+def span_records(spans: list[Any]) -> list[dict[str, Any]]:
+    """Top-k spans (``han.WordWeight`` or ``han.SentenceWeight``) as the records of a table cell."""
+    return [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight} for s in spans]
 
 
 def arrow_schema(spec: OutputSpec) -> Any:

@@ -15,8 +15,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from scoring.progress import make_progress, trace
-from scoring.score import ScoredWindow, ScoringOptions
+from scoring.formats import Chunk, ScoredWindow
+from scoring.progress import make_progress
+from scoring.score import ScoringOptions, score_texts
 from scoring.workers import Workers
 
 
@@ -37,9 +38,8 @@ class Scorer:
         from han import Pipeline
         from han.environment import tune_process
 
-        tune_process(self.options.threads)
-        options = self.options
-        self.pipeline = Pipeline(self.saved, batch_size=options.batch_size, max_batch_tokens=options.max_batch_tokens)
+        tune_process()
+        self.pipeline = Pipeline(self.saved)
 
     def close(self) -> None:
         if self.pool:
@@ -92,9 +92,6 @@ class JobRun:
             yield window, True
 
     def run(self) -> dict[str, Any]:
-        from scoring.formats import Chunk
-        from scoring.score import score_texts
-
         scorer = self.scorer
         scorer.start()
         progress = make_progress(self.args.quiet)
@@ -130,17 +127,14 @@ class JobRun:
                 progress.advance(task, len(rows))
                 if ends_chunk:
                     self.partial.commit(chunk, rows[-1] + 1, self.elapsed())
-                    trace(f"chunk committed: rows < {rows[-1] + 1}")
                     chunk = Chunk(self.partial.fmt.spec)
                 emit_seq += 1
                 self.emitted += len(rows)
                 if not first:
                     first.append((time.monotonic(), self.emitted))
-                    trace("first window back")
 
         try:
             with progress:
-                trace("scoring")
                 exhausted = False
                 while True:
                     # Keep each worker busy: one window in work, one queued. Windows already back are
@@ -176,10 +170,8 @@ class JobRun:
                         break
                 if chunk.size:  # the input ended inside a chunk
                     self.partial.commit(chunk, chunk.last_row + 1, self.elapsed())
-                trace("all windows scored")
                 self.partial.record_elapsed(self.elapsed(), self.runs)
                 self.partial.finish()
-                trace("output merged")
         finally:
             # Close the reader now (Ctrl-C or an error can leave it mid-file): left to interpreter
             # shutdown, a datasets generator's cleanup finds its modules gone and prints a traceback.

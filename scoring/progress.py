@@ -1,22 +1,8 @@
-"""What han-score shows: the progress bar, the summary, and (HAN_SCORE_TRACE=1) a timeline on stderr."""
+"""What han-score shows: the progress bar and the summary."""
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from typing import Any
-
-_T0 = time.monotonic()
-
-
-def trace(event: str) -> None:
-    """With HAN_SCORE_TRACE=1, log when each phase happens (seconds since start-up) to stderr."""
-    if os.environ.get("HAN_SCORE_TRACE"):
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
-        print(f"han-score +{time.monotonic() - _T0:7.2f}s {event} (peak RSS {rss} MB)", file=sys.stderr, flush=True)
 
 
 def make_progress(quiet: bool) -> Any:

@@ -53,8 +53,8 @@ class RayScorer:
         from scoring.score import make_pipeline
 
         apply_defaults()
-        tune_process(options.threads)
-        self.pipeline = make_pipeline(model_dir, options)
+        tune_process()
+        self.pipeline = make_pipeline(model_dir)
         self.spec, self.options = spec, options
         self.text_column, self.id_column, self.errors = text_column, id_column, errors
         self.output, self.fmt = output, fmt
@@ -182,24 +182,13 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
 
 
 def stop_ray() -> None:
-    """Disconnect, and stop local Ray's processes if this driver started them.
-
-    Ray's own shutdown stops its processes one after the other, each given a second to exit on SIGTERM;
-    its autoscaler monitor never takes the hint, so that second was always spent (a local node has
-    nothing to autoscale). It is killed first here, then Ray shuts down as usual: about 1 s instead
-    of 2.2 s, and without the 0.5 s pause of the shutdown Ray runs at interpreter exit.
-    """
+    """Disconnect, and stop local Ray's processes if this driver started them (Ray's public
+    ``ray.shutdown``; killing its autoscaler monitor first through Ray's private modules saved about a
+    second and was dropped for that reason: docs/experiments.md)."""
     import ray
-    from ray._private.ray_constants import PROCESS_TYPE_MONITOR
 
-    if not ray.is_initialized():
-        return
-    node = getattr(ray._private.worker, "_global_node", None)  # no processes of its own when joined to a cluster
-    monitors = getattr(node, "all_processes", {}).get(PROCESS_TYPE_MONITOR, [])
-    for info in monitors:
-        if info.process.poll() is None:
-            info.process.kill()
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[str, Any]:
@@ -253,8 +242,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     id_type = schema.types[names.index(args.id_column)]
     id_is_int = isinstance(id_type, pa.DataType) and pa.types.is_integer(id_type)
     spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int, args.explain)
-    options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words, args.batch_size,
-                             threads=args.threads)
+    options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
     # Ray Data's read already splits the input into blocks for the cluster's parallelism (about 1 MiB
     # each on a small input: 31 of 807 rows for 25,000 reviews), which map_batches cuts into batches of

@@ -11,8 +11,10 @@ it before anything else, and ``han`` (torch, spaCy) is imported inside the funct
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from scoring.formats import Chunk, ScoredWindow, arrow_schema, span_records
 
 if TYPE_CHECKING:
     from han import Pipeline
@@ -24,31 +26,11 @@ class ScoringOptions:
     method: str = "attention"  # explanation method (han.attribution.METHODS)
     top_sentences: int = 3
     top_words: int = 5
-    batch_size: int = 64  # documents per model batch (Pipeline.batch_size)
-    max_batch_tokens: int = 16_384  # Pipeline.max_batch_tokens
-    threads: int = 1  # torch intra-op threads in each scoring process
-
-
-@dataclass
-class ScoredWindow:
-    """Columns for the rows that were scored (``index``: their positions in the window), and the
-    rows that were not (``errors``: position, reason)."""
-
-    index: list[int] = field(default_factory=list)
-    label: list[str] = field(default_factory=list)
-    labels: list[list[str]] = field(default_factory=list)
-    scores: list[list[float]] = field(default_factory=list)  # per row, in the model's label order
-    truncated: list[bool] = field(default_factory=list)
-    method: list[str | None] = field(default_factory=list)
-    top_sentences: list[list[dict] | None] = field(default_factory=list)
-    top_words: list[list[dict] | None] = field(default_factory=list)
-    errors: list[tuple[int, str]] = field(default_factory=list)
 
 
 def score_texts(pipeline: Pipeline, texts: list[Any], options: ScoringOptions) -> ScoredWindow:
     """Score a window of raw input values; a bad value becomes an error row and never raises."""
     from han import DocumentError, TopK
-    from han.results import span_records
 
     explain = TopK(options.top_sentences, options.top_words) if options.explain else None
     out = ScoredWindow()
@@ -81,8 +63,6 @@ def score_batch(
     """
     import pyarrow as pa
 
-    from scoring.formats import Chunk, arrow_schema
-
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_pandas(batch, preserve_index=False)
     texts = table.column(text_column).to_pylist()
     n = len(texts)
@@ -105,8 +85,7 @@ def score_batch(
     return pa.Table.from_pydict(data, schema=schema)
 
 
-def make_pipeline(model_dir: str, options: ScoringOptions) -> Pipeline:
+def make_pipeline(model_dir: str) -> Pipeline:
     from han import Pipeline, SavedModel
 
-    saved = SavedModel.load(model_dir)
-    return Pipeline(saved, batch_size=options.batch_size, max_batch_tokens=options.max_batch_tokens)
+    return Pipeline(SavedModel.load(model_dir))

@@ -16,9 +16,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from scoring.score import ScoredWindow, ScoringOptions
+from scoring.formats import ScoredWindow
+from scoring.score import ScoringOptions
 
-_loaded: dict[tuple[str, ScoringOptions], Any] = {}  # the worker's pipeline, loaded on its first window
+_loaded: dict[str, Any] = {}  # the worker's pipeline, loaded on its first window
 
 
 DIED = "a scoring worker died (killed, or out of memory?)"
@@ -43,11 +44,10 @@ def _score(model_dir: str, options: ScoringOptions, texts: list[Any]) -> ScoredW
     from han.environment import tune_process
     from scoring.score import make_pipeline, score_texts
 
-    key = (model_dir, options)
-    if key not in _loaded:
-        tune_process(options.threads)
-        _loaded[key] = make_pipeline(model_dir, options)
-    return score_texts(_loaded[key], texts, options)
+    if model_dir not in _loaded:
+        tune_process()
+        _loaded[model_dir] = make_pipeline(model_dir)
+    return score_texts(_loaded[model_dir], texts, options)
 
 
 def _die_with_parent() -> None:

@@ -25,8 +25,8 @@ IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
 class RequestBatcher(Generic[T, R]):
     """Gathers concurrent requests into one call of ``run`` (in a worker thread), in arrival order.
 
-    ``run`` takes a list of requests and returns one result per request (a result may be an
-    exception, which is raised to that request alone). A request that arrives while the model is
+    ``run`` takes a list of requests and returns one result per request; if it raises, every
+    request of the batch gets the exception. A request that arrives while the model is
     idle is run at once; the ones that arrive during a batch are queued and run together next,
     up to ``max_items`` items (a larger request runs alone). ``on_batch(requests, items)`` is
     called for each batch (metrics); ``on_idle()`` once the queue has been empty for
@@ -35,7 +35,7 @@ class RequestBatcher(Generic[T, R]):
 
     def __init__(
         self,
-        run: Callable[[list[T]], Sequence[R | BaseException]],
+        run: Callable[[list[T]], Sequence[R]],
         size: Callable[[T], int] = lambda _: 1,
         max_items: int = MAX_BATCH_DOCUMENTS,
         on_batch: Callable[[int, int], None] | None = None,
@@ -96,13 +96,12 @@ class RequestBatcher(Generic[T, R]):
                 if len(results) != len(batch):
                     raise RuntimeError(f"the batch function returned {len(results)} results for {len(batch)}")
             except Exception as e:
-                results = [e] * len(batch)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(e)
+                continue
             for (_, future), result in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
+                if not future.done():
                     future.set_result(result)
 
 

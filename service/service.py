@@ -44,10 +44,10 @@ WORKERS = int(os.environ.get("HAN_WORKERS", "2"))  # processes; each has its own
 Request = tuple[list[str], str | None]  # (documents, explanation method or None)
 # BentoML logs every request and opens a tracing span for it; with no trace exporter configured the
 # spans go nowhere. The two cost about 0.5 ms of CPU a request, as much as classifying a short
-# review (BENCHMARKS.md). HAN_ACCESS_LOG=1 and HAN_TRACING=1 turn them back on.
-OBSERVABILITY: dict[str, Any] = {"logging": {"access": {"enabled": os.environ.get("HAN_ACCESS_LOG") == "1"}}}
-if os.environ.get("HAN_TRACING") != "1":
-    OBSERVABILITY["tracing"] = {"excluded_urls": [".*"]}
+# review (BENCHMARKS.md). HAN_ACCESS_LOG=1 turns the log back on; a deployment with a trace exporter
+# removes the exclusion.
+OBSERVABILITY: dict[str, Any] = {"logging": {"access": {"enabled": os.environ.get("HAN_ACCESS_LOG") == "1"}},
+                                 "tracing": {"excluded_urls": [".*"]}}
 
 
 def served_model_tag() -> str:
@@ -114,11 +114,11 @@ class HANClassifier:
     def __init__(self) -> None:
         # One inference thread per worker process (more only fight over the cores), and malloc
         # kept from handing every batch's tensors back to the kernel (han.environment.tune_process).
-        tune_process(int(os.environ.get("HAN_TORCH_THREADS", "1")))
+        tune_process()
         stored = self.bento_model
         saved = han.SavedModel.load(stored.path)
         self.pipeline = han.Pipeline(saved)
-        self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.InvalidDocumentError] = RequestBatcher(
+        self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=release_free_memory,  # an idle worker gives a burst's freed memory back
         )
@@ -131,15 +131,15 @@ class HANClassifier:
 
         Results come back in input order; documents from concurrent requests are batched together.
         """
-        try:
-            results = await self.batcher((documents, explain_method(explain)))
-        except han.InvalidDocumentError as e:
-            return error_response(422, f"documents[{e.index}]: {e.reason}")
+        results = await self.batcher((documents, explain_method(explain)))
+        if isinstance(results, han.DocumentError):
+            return error_response(422, f"documents[{results.index}]: {results.reason}")
         return ClassifyResponse.model_construct(results=results)
 
-    def _run_batch(self, requests: list[Request]) -> list[list[han.DocumentResult] | han.InvalidDocumentError]:
-        """Classify the documents of several requests in as few pipeline calls as possible (one per method)."""
-        out: list[list[han.DocumentResult] | han.InvalidDocumentError] = [[] for _ in requests]
+    def _run_batch(self, requests: list[Request]) -> list[list[han.DocumentResult] | han.DocumentError]:
+        """Classify the documents of several requests in as few pipeline calls as possible (one per method).
+        A request with a bad document gets its first one back (its index within the request)."""
+        out: list[list[han.DocumentResult] | han.DocumentError] = [[] for _ in requests]
         for method in dict.fromkeys(m for _, m in requests):
             members = [r for r, (_, m) in enumerate(requests) if m == method]
             texts = [text for r in members for text in requests[r][0]]
@@ -149,7 +149,7 @@ class HANClassifier:
             for r in members:
                 mine = results[start : start + len(requests[r][0])]
                 error = next((x for x in mine if isinstance(x, han.DocumentError)), None)
-                out[r] = han.InvalidDocumentError(error.index - start, error.reason) if error else mine  # type: ignore[assignment]
+                out[r] = han.DocumentError(error.index - start, error.reason) if error else mine  # type: ignore[assignment]
                 start += len(mine)
         return out
 

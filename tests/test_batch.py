@@ -172,7 +172,7 @@ def test_parity_with_the_pipeline_including_explanations(tmp_path: Path, tiny_mo
     source = write_input(tmp_path / "in.parquet", rows)
     output = tmp_path / "out.jsonl"
     assert (
-        score(source, output, tiny_model_dir, "--explain", "--workers", "2", "--window", "16", "--batch-size", "8") == 0
+        score(source, output, tiny_model_dir, "--explain", "--workers", "2", "--window", "16") == 0
     )
     out = read_output(output)
     predictions = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows], explain="full")
@@ -544,6 +544,24 @@ def test_the_scoring_function_is_the_pipeline_as_columns_bad_rows_included(tiny_
             assert [(w["start"], w["end"], w["weight"]) for w in scored.top_words[k]] == [
                 (w.start, w.end, w.weight) for w in r.top_words
             ]
+
+
+def test_the_output_columns_are_named_after_the_result_fields() -> None:
+    """han-score's columns (scoring.formats, their one declaration) keep the names of the service's
+    result fields, so a user reads the same names in a response and in a scored file."""
+    from dataclasses import fields
+
+    from han import DocumentResult
+    from scoring.formats import OutputSpec, ScoredWindow
+
+    result_fields = [f.name for f in fields(DocumentResult)]
+    spec = OutputSpec(["neg", "pos"], multi_label=True, has_id=True, id_is_int=False, explain=True)
+    named = [c for c in spec.columns() if c not in ("row", "id") and not c.startswith("score_")]
+    assert named == [f for f in result_fields if f not in ("scores", "sentences")]
+    assert set(named) | {"scores"} <= {f.name for f in fields(ScoredWindow)}
+    assert [c for c in spec.columns() if c.startswith("score_")] == ["score_neg", "score_pos"]
+    plain = OutputSpec(["neg", "pos"], multi_label=False, has_id=False, id_is_int=False, explain=False)
+    assert plain.columns() == ["row", "label", "score_neg", "score_pos", "truncated"]
 
 
 @pytest.mark.parametrize("how", ["a worker is killed", "Ctrl-C"])

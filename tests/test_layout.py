@@ -85,3 +85,37 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from service.run import wait_ready\n    import bentoml\n")
     assert {"service.run", "service.run.wait_ready", "bentoml"} <= imports(module)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circles() -> None:
+    """No module of ours reaches itself through imports (function-level ones too): each package reads
+    from its foundations up."""
+    files = {_module_name(path): path for package in ALLOWED for path in python_files(package)}
+
+    def resolve(name: str) -> str | None:  # "scoring.formats.Chunk" -> "scoring.formats"
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {module: {m for name in imports(path) if (m := resolve(name)) and m != module}
+             for module, path in files.items()}
+    circles, done = [], set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            circles.append(" -> ".join([*trail[trail.index(module):], module]))
+            return
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*trail, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert not circles, "\n".join(circles)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from han import HAN, HANConfig, collate
-from han.model import BiGRU, length_blocks
+from han.cpu_kernels import length_blocks
+from han.model import BiGRU
 from tests.tiny_model import train_tiny_model
 
 

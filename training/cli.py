@@ -108,15 +108,11 @@ def main(args: list[str] | None = None) -> None:
         if cli.subcommand == "fit" and teaching(cli.config.fit):
             _second_fit(cli, list(sys.argv[1:] if args is None else args))
     except pickle.UnpicklingError as e:  # Lightning loads --ckpt_path with weights_only=True: code never runs
-        if os.environ.get("HAN_DEBUG"):
-            raise
         print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
         sys.exit(2)
     except (DataError, CheckpointError, ModelDirectoryError, FileNotFoundError, ValueError,
             MisconfigurationException) as e:
-        if os.environ.get("HAN_DEBUG"):
-            raise
         print(f"han-train: error: {e}", file=sys.stderr)
         sys.exit(2)
 
