@@ -44,6 +44,8 @@ def start_server(
     ``stop_process_group`` ends its workers too."""
     server_env = apply_defaults({**os.environ, **(env or {})})
     server_env["HAN_MODEL_TAG"] = tag
+    if keys := server_env.get("HAN_API_KEYS_FILE", "").strip():  # relative to the caller, not to ``repo``
+        server_env["HAN_API_KEYS_FILE"] = str(Path(keys).resolve())
     server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), server_env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "bentoml", "serve", service, "--host", host, "--port", str(port), *args]
     return subprocess.Popen(

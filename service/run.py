@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     scheme = "https" if args.ssl_certfile else "http"
     url = f"{scheme}://{host}:{args.port}"
     print(f"Starting the service for {tag} on {url} ...", flush=True)
-    tls = ("--ssl-certfile", args.ssl_certfile, "--ssl-keyfile", args.ssl_keyfile) if args.ssl_certfile else ()
+    # The server runs from the checkout: files named relative to where the user is are made absolute.
+    tls = (("--ssl-certfile", str(Path(args.ssl_certfile).resolve()), "--ssl-keyfile",
+            str(Path(args.ssl_keyfile).resolve())) if args.ssl_certfile else ())
     env = {ANONYMOUS_ENV: "1"} if args.allow_anonymous else None
     process = start_server(tag, args.port, host=args.host, env=env, own_session=False, args=tls)  # Ctrl+C too
     local = f"{scheme}://127.0.0.1:{args.port}" if args.host in ("0.0.0.0", "::") else url
