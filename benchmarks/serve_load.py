@@ -224,6 +224,7 @@ def summarize(latencies: list[float], errors: list[str], documents: int, elapsed
         "p50_ms": round(pct(0.50), 1),
         "p90_ms": round(pct(0.90), 1),
         "p99_ms": round(pct(0.99), 1),
+        "max_ms": round(pct(1.0), 1),
         "mean_ms": round(1000 * statistics.fmean(ordered), 1) if latencies else None,
     }
 
@@ -338,10 +339,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, dict[str, str]]],
             warmup: list[str], single: list[str], load: list[str]) -> int:
-    """Two versions (checkouts, or settings), served in turn (A B A B ...): docs/s and p50 per round, and the
-    ratios of the second to the first."""
+    """Two versions (checkouts, or settings), served in turn (A B A B ...): docs/s and latency per round, and
+    the ratios of the second to the first."""
     figures: dict[str, list[dict]] = {name: [] for name, _, _ in versions}
-    header = f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'errors':>8}{'1-client p50':>14}"
+    header = (f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+              f"{'errors':>8}{'1-client p50':>14}")
     print(header + f"{'worker RSS MB':>15}{'at rest':>9}")
     for round_ in range(1, args.rounds + 1):
         for name, repo, env in versions:
@@ -360,6 +362,9 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 {
                     "docs_per_s": many["docs_per_s"],
                     "p50_ms": many["p50_ms"],
+                    "p90_ms": many["p90_ms"],
+                    "p99_ms": many["p99_ms"],
+                    "max_ms": many["max_ms"],
                     "errors": many["errors"],
                     "single_p50_ms": one["p50_ms"],
                     "worker_rss_mb": round(rss),
@@ -367,7 +372,8 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 }
             )
             print(
-                f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['errors']:>8}"
+                f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['p90_ms']:>9}"
+                f"{many['p99_ms']:>9}{many['max_ms']:>9}{many['errors']:>8}"
                 f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}",
                 flush=True,
             )
