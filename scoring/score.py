@@ -5,8 +5,9 @@ Labels, scores, explanations and bad rows are decided in this one place, by ``ha
 (errors returned, not raised), and come back as columns named after ``han.DocumentResult``'s
 fields, so nothing downstream builds per-row objects.
 
-This module imports only the standard library at the top: scoring workers are spawned and import
-it before anything else, and ``han`` (torch, spaCy) is imported inside the functions.
+This module (and ``scoring.formats``, which declares the output) imports only the standard library
+at the top: scoring workers are spawned and import it before anything else, and ``han`` (torch,
+spaCy) is imported inside the functions.
 """
 
 from __future__ import annotations
