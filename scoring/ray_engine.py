@@ -49,12 +49,12 @@ class RayScorer:
         self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str,
         output: str, fmt: str,
     ) -> None:
+        from han import Pipeline
         from han.environment import apply_defaults, tune_process
-        from scoring.score import make_pipeline
 
         apply_defaults()
         tune_process()
-        self.pipeline = make_pipeline(model_dir)
+        self.pipeline = Pipeline.from_directory(model_dir)
         self.spec, self.options = spec, options
         self.text_column, self.id_column, self.errors = text_column, id_column, errors
         self.output, self.fmt = output, fmt

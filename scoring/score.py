@@ -85,8 +85,3 @@ def score_batch(
         data["row"] = [None] * len(data["row"])
     return pa.Table.from_pydict(data, schema=schema)
 
-
-def make_pipeline(model_dir: str) -> Pipeline:
-    from han import Pipeline, SavedModel
-
-    return Pipeline(SavedModel.load(model_dir))

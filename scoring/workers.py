@@ -41,12 +41,13 @@ def _started() -> int:
 
 
 def _score(model_dir: str, options: ScoringOptions, texts: list[Any]) -> ScoredWindow:
+    from han import Pipeline
     from han.environment import tune_process
-    from scoring.score import make_pipeline, score_texts
+    from scoring.score import score_texts
 
     if model_dir not in _loaded:
         tune_process()
-        _loaded[model_dir] = make_pipeline(model_dir)
+        _loaded[model_dir] = Pipeline.from_directory(model_dir)
     return score_texts(_loaded[model_dir], texts, options)
 
 
