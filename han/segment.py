@@ -15,6 +15,7 @@ import re
 import unicodedata
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
 from itertools import pairwise
@@ -39,6 +40,11 @@ _JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u202
 # 0.40 with 100,000; but 100,000 took han-score's peak memory over 1 GB (each of its processes holds
 # a cache), while 30,000 added 5 MB. The tokens, and so every output, are the same at any size.
 TOKENIZER_CACHE = 30_000
+# spaCy's vocabulary keeps every new string for good: a serving worker grew by 70 MB over 24,500
+# distinct IMDB reviews. Once it holds this many strings more than at start-up (the cache above is
+# full long before), documents are read in a memory zone: the strings first met there are dropped
+# after, while the cached chunks and the strings already kept still serve them.
+VOCABULARY_GROWTH = 40_000
 
 
 # Languages whose spaCy tokenizer needs a package spaCy does not install, and the pip line that adds it.
@@ -166,6 +172,7 @@ class Segmenter:
         self.nlp.tokenizer.max_cache_size = TOKENIZER_CACHE
         strings = self.nlp.vocab.strings
         self._stops = np.array(sorted(strings.add(c) for c in Sentencizer.default_punct_chars), dtype=np.uint64)
+        self._zone_after = len(strings) + VOCABULARY_GROWTH
 
     def segment(self, text: str) -> Segment:
         """Segment one document; raises EmptyDocumentError if it has no words."""
@@ -188,9 +195,13 @@ class Segmenter:
                 pending.append((text, cleaned, cut))
                 yield cleaned
 
-        for doc in self.nlp.tokenizer.pipe(prepared(), batch_size=batch_size):
-            original, cleaned, cut = pending.popleft()
-            yield self._from_doc(doc, original, cleaned, cut)
+        vocab = self.nlp.vocab
+        zoned = len(vocab.strings) > self._zone_after and not vocab.in_memory_zone
+        zone = vocab.memory_zone() if zoned else nullcontext()
+        with zone:  # a Doc is turned into arrays before the zone can close: none outlives its strings
+            for doc in self.nlp.tokenizer.pipe(prepared(), batch_size=batch_size):
+                original, cleaned, cut = pending.popleft()
+                yield self._from_doc(doc, original, cleaned, cut)
 
     def _from_doc(self, doc: Doc, original: str, cleaned: str, cut: bool) -> Segment:
         if not len(doc):

@@ -207,3 +207,28 @@ def test_the_larger_tokenizer_cache_changes_no_token(shared_datasets) -> None:
     for k, (a, b) in enumerate(zip(cached.segment_many(texts), uncached.segment_many(texts), strict=True)):
         for field in ("starts", "ends", "hashes", "lengths"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), f"document {k}: {field}"
+
+
+def test_past_its_growth_the_vocabulary_stops_growing_and_no_token_changes(shared_datasets, monkeypatch) -> None:
+    """A long-running segmenter reads in spaCy memory zones once its vocabulary has grown by
+    VOCABULARY_GROWTH strings: later documents add none for good, and segment exactly as before."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import han.segment
+
+    texts = pq.read_table(shared_datasets / "imdb" / "test.parquet", columns=["text"]).column("text").to_pylist()
+    first, later = texts[:300], texts[300:900]
+    unbounded = Segmenter()
+    monkeypatch.setattr(han.segment, "VOCABULARY_GROWTH", 2_000)
+    bounded = Segmenter()
+    for batch in (first[i : i + 8] for i in range(0, len(first), 8)):
+        list(bounded.segment_many(batch))
+    kept = len(bounded.nlp.vocab.strings)
+    assert kept > bounded._zone_after, "the first reviews grow the vocabulary past the bound"
+    for batch in (later[i : i + 8] for i in range(0, len(later), 8)):
+        for k, (a, b) in enumerate(zip(bounded.segment_many(batch), unbounded.segment_many(batch), strict=True)):
+            for field in ("starts", "ends", "hashes", "lengths"):
+                assert np.array_equal(getattr(a, field), getattr(b, field)), f"document {k}: {field}"
+    assert len(bounded.nlp.vocab.strings) == kept
+    assert len(unbounded.nlp.vocab.strings) > kept + 5_000, "new reviews bring new strings"

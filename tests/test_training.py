@@ -360,6 +360,22 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: 
     assert SavedModel.load(root / "model").labels == ["neg", "pos"]
 
 
+def test_a_two_process_ddp_fit_with_fixed_vectors_trains_and_exports(tmp_path: Path) -> None:
+    """docs/training.md's command: DDP on this machine's cores. The word vectors take no gradient while
+    fixed, which plain DDP refuses as an unused parameter, so the CLI tells DDP to expect it."""
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+         "--data.cache_dir", str(tmp_path / "cache"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
+         "--trainer.max_epochs", "12", "--model.freeze_embeddings", "2", "--trainer.enable_progress_bar", "false",
+         "--export.faithfulness", "0"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, capture_output=True,
+        text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = SavedModel.load(root / "model")
+    assert saved.metadata["metrics"]["test"]["accuracy"] >= 0.9, "the two ranks together fit the training data"
+
+
 class _Planted:
     """Unpickling this would create a file: what a hostile checkpoint could do instead."""
 

@@ -62,6 +62,10 @@ class HANCLI(LightningCLI):
         run_name = Path(str(configs[-1])).stem if configs else _data_name(str(config.data.train))
         for line in recipe.apply(config, self.subcommand):
             print(line, file=sys.stderr)
+        if config.trainer.strategy == "ddp" and config.model.freeze_embeddings != 0:  # None: the default, 1
+            # The fixed word vectors take no gradient, which plain DDP refuses as an unused parameter;
+            # once released they must still be averaged across ranks, so they stay in DDP's reducer.
+            config.trainer.strategy = "ddp_find_unused_parameters_true"
         root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
         if self.subcommand == "fit" and teaching(config):
             if config.data.multi_label:
