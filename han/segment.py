@@ -40,10 +40,11 @@ _JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u202
 # 0.40 with 100,000; but 100,000 took han-score's peak memory over 1 GB (each of its processes holds
 # a cache), while 30,000 added 5 MB. The tokens, and so every output, are the same at any size.
 TOKENIZER_CACHE = 30_000
-# spaCy's vocabulary keeps every new string for good: a serving worker grew by 70 MB over 24,500
-# distinct IMDB reviews. Once it holds this many strings more than at start-up (the cache above is
+# spaCy's vocabulary keeps every new string for good: one segmenter grew by 70 MB over 24,500
+# distinct IMDB reviews. Once it holds this many strings more than when built (the cache above is
 # full long before), documents are read in a memory zone: the strings first met there are dropped
-# after, while the cached chunks and the strings already kept still serve them.
+# after, while the cached chunks and the strings already kept still serve them. Over 40,000 distinct
+# reviews in batches of 8: 41,389 strings at the end against 132,277, and no slower.
 VOCABULARY_GROWTH = 40_000
 
 
@@ -170,6 +171,10 @@ class Segmenter:
         self.config = config or SegmenterConfig()
         self.nlp = blank_language(self.config.language)  # only its tokenizer runs (texts are cut at max_chars first)
         self.nlp.tokenizer.max_cache_size = TOKENIZER_CACHE
+        # Each new word's lexeme gets only the flags read below: spaCy's other 18 attributes (its lower
+        # case, norm, shape, prefix and suffix each stored as one more string) cost time and memory.
+        getters = self.nlp.vocab.lex_attr_getters
+        self.nlp.vocab.lex_attr_getters = {a: f for a, f in getters.items() if a in (IS_PUNCT, IS_SPACE)}
         strings = self.nlp.vocab.strings
         self._stops = np.array(sorted(strings.add(c) for c in Sentencizer.default_punct_chars), dtype=np.uint64)
         self._zone_after = len(strings) + VOCABULARY_GROWTH
