@@ -367,7 +367,7 @@ def test_a_two_process_ddp_fit_with_fixed_vectors_trains_and_exports(tmp_path: P
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),
          "--data.cache_dir", str(tmp_path / "cache"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
-         "--trainer.max_epochs", "12", "--model.freeze_embeddings", "2", "--trainer.enable_progress_bar", "false",
+         "--trainer.max_epochs", "8", "--model.freeze_embeddings", "1", "--trainer.enable_progress_bar", "false",
          "--export.faithfulness", "0"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, capture_output=True,
         text=True, timeout=300)
