@@ -7,7 +7,7 @@ phase (the worker gives freed heap back once idle 1 s; the reading waits ``--res
 1. plain load: 1,000 one-review requests with explanations from 32 clients;
 2. the hostile suite: a 2,000-sentence document, a 100,000-word document, a 500,000-character word,
    and the largest request the API takes (256 documents filling the 10 MB body) with every explanation
-   method, each sent to every worker;
+   method, each sent twice on new connections (so that both workers usually get one);
 3. a soak: ``--soak`` seconds at 50 clients of IMDB reviews, 5% of the requests 16 documents and 5%
    bad (an empty document, a number for a document: 422).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -56,7 +57,7 @@ def reading(server: Server, phase: str, rest: float) -> dict:
     time.sleep(rest)
     rows = {}
     for pid in workers(server):
-        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * 4096 / 2**20
+        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         rows[pid] = {"rss_mb": round(rss, 1), **smaps(pid)}
     print(f"{phase:<28}" + "   ".join(f"{r['rss_mb']:>6.0f} MB (heap {r['heap']:.0f}, anon {r['anonymous']:.0f}, "
                                      f"files {r['files']:.0f})" for r in rows.values()), flush=True)
