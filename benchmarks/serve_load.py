@@ -136,15 +136,20 @@ class Server:
             total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 
-    def worker_rss_mb(self) -> float:
-        """The largest RSS among the server's descendant processes (the serving workers), in MB."""
-        sizes = [0]
+    def rss_mb(self) -> dict[int, float]:
+        """RSS in MB of each of the server's descendant processes (the serving workers), by pid."""
+        sizes = {}
         for pid in self.processes()[1:]:
             try:
-                sizes.append(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+                pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-        return max(sizes) / 2**20
+            sizes[pid] = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        return sizes
+
+    def worker_rss_mb(self) -> float:
+        """The largest RSS among the serving workers, in MB."""
+        return max(self.rss_mb().values(), default=0.0)
 
     def metric(self, name: str) -> float:
         request = urllib.request.Request(self.url + "/metrics", headers=AUTH)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -48,20 +47,12 @@ def smaps(pid: int) -> dict[str, float]:
     return {k: round(v / 1024, 1) for k, v in kinds.items()}
 
 
-def workers(server: Server) -> list[int]:
-    return [pid for pid in server.processes()[1:]
-            if b"_bentoml_impl.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
-def reading(server: Server, phase: str, rest: float) -> dict:
+def reading(server: Server, phase: str, rest: float) -> None:
     time.sleep(rest)
-    rows = {}
-    for pid in workers(server):
-        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-        rows[pid] = {"rss_mb": round(rss, 1), **smaps(pid)}
-    print(f"{phase:<28}" + "   ".join(f"{r['rss_mb']:>6.0f} MB (heap {r['heap']:.0f}, anon {r['anonymous']:.0f}, "
-                                     f"files {r['files']:.0f})" for r in rows.values()), flush=True)
-    return {"phase": phase, "workers": list(rows.values())}
+    rows = [(rss, smaps(pid)) for pid, rss in server.rss_mb().items()
+            if b"_bentoml_impl.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    print(f"{phase:<28}" + "   ".join(f"{rss:>6.0f} MB (heap {k['heap']:.0f}, anon {k['anonymous']:.0f}, "
+                                     f"files {k['files']:.0f})" for rss, k in rows), flush=True)
 
 
 async def post(session, url: str, body: dict) -> int:  # type: ignore[no-untyped-def]

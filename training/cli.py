@@ -28,6 +28,8 @@ from training.module import HANClassifier
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 
+PLAIN_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning names each with _find_unused_parameters_true
+
 
 class HANCLI(LightningCLI):
     """Adds the checkpoint and export settings, links the sizes that come from the data, and fills
@@ -62,10 +64,10 @@ class HANCLI(LightningCLI):
         run_name = Path(str(configs[-1])).stem if configs else _data_name(str(config.data.train))
         for line in recipe.apply(config, self.subcommand):
             print(line, file=sys.stderr)
-        if config.trainer.strategy == "ddp" and config.model.freeze_embeddings != 0:  # None: the default, 1
+        if config.trainer.strategy in PLAIN_DDP and config.model.freeze_embeddings != 0:  # None: the default, 1
             # The fixed word vectors take no gradient, which plain DDP refuses as an unused parameter;
             # once released they must still be averaged across ranks, so they stay in DDP's reducer.
-            config.trainer.strategy = "ddp_find_unused_parameters_true"
+            config.trainer.strategy += "_find_unused_parameters_true"
         root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
         if self.subcommand == "fit" and teaching(config):
             if config.data.multi_label:
