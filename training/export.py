@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,13 +22,16 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info
 
 from han.calibration import fit_temperature
+from han.environment import usable_cores
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
 from training.baseline import MODEL as BASELINE_MODEL
-from training.baseline import advice, run_baseline, side_by_side
+from training.baseline import BackgroundBaseline, advice, run_baseline, side_by_side
 from training.faithfulness_report import faithfulness_report
 from training.progress import Step, show_in
 from training.report import best_threshold, evaluate, headline, write_report
+
+BACKGROUND_BASELINE_FROM = 5_000  # training documents; fewer: the baseline takes less than its process starting
 
 
 class CheckpointError(ValueError):
@@ -92,6 +96,7 @@ class ExportModel(pl.Callback):
         self.faithfulness_budget = faithfulness_budget
         self._fit_started: float | None = None  # the faithfulness budget's clock (fit only)
         self.baseline = baseline
+        self._background: BackgroundBaseline | None = None
         self.tag: str | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -100,6 +105,17 @@ class ExportModel(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         show_in(None)
+        if self._background is not None:  # interrupted, or failed: the baseline's process goes too
+            self._background.close()
+            self._background = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A large training split's baseline trains in another process meanwhile, when one process
+        trains on several cores (training.baseline.BackgroundBaseline)."""
+        data = trainer.datamodule
+        if (self.baseline and trainer.is_global_zero and trainer.world_size == 1 and usable_cores() > 1
+                and len(data.splits["train"]) >= BACKGROUND_BASELINE_FROM):
+            self._background = BackgroundBaseline(data, _evaluated(data), self.threshold)
 
     def _root(self, trainer: pl.Trainer) -> Path:
         return Path(self.output_dir or trainer.default_root_dir)
@@ -114,18 +130,17 @@ class ExportModel(pl.Callback):
         if best_score is not None:  # what the best checkpoint was chosen by: the score, or the loss
             monitor = trainer.checkpoint_callback.monitor
             metrics["validation_loss" if monitor == "val/loss" else "validation_score"] = round(float(best_score), 4)
-        splits = [split for split in ("validation", "test") if split in data.splits]
+        splits = _evaluated(data)
         baseline = self._baseline(data, splits)
-        for split in splits:
-            report = self._report(saved, data, split, self._root(trainer) / "report" / split, baseline)
-            metrics[split] = headline(report)
+        reports, faithfulness = self._measure(saved, data, splits, self._root(trainer) / "report", baseline)
+        metrics.update((split, headline(report)) for split, report in reports.items())
         saved.metadata["metrics"] = metrics
         if baseline:
             if ahead := advice(metrics.get("validation", {}), baseline.get("validation", {})):
                 rank_zero_info(ahead)
                 baseline["advice"] = ahead
             saved.metadata["baseline"] = baseline
-        if faithfulness := self._faithfulness(saved, data, self._root(trainer) / "report"):
+        if faithfulness:
             saved.metadata["faithfulness"] = faithfulness
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
@@ -139,15 +154,15 @@ class ExportModel(pl.Callback):
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
             baseline = self._baseline(trainer.datamodule, ["test"])
-            self._report(saved, trainer.datamodule, "test", self._root(trainer) / "report" / "test", baseline)
-            self._faithfulness(saved, trainer.datamodule, self._root(trainer) / "report")
+            self._measure(saved, trainer.datamodule, ["test"], self._root(trainer) / "report", baseline)
 
     def _baseline(self, data: Any, splits: list[str]) -> dict[str, Any] | None:
         """The baseline's figures, or None: skipped, or failed (one line; the trained model is still saved)."""
         if not self.baseline:
             return None
+        background, self._background = self._background, None
         try:
-            return run_baseline(data, splits, self.threshold)
+            return background.result() if background else run_baseline(data, splits, self.threshold)
         except ValueError as e:  # scikit-learn's: an empty vocabulary, a single class in the training split
             rank_zero_info(f"baseline skipped: {e}")
             return None
@@ -192,6 +207,42 @@ class ExportModel(pl.Callback):
             rank_zero_info(f"multi-label decision threshold: {saved.threshold}")
         return saved
 
+    def _measure(self, saved: SavedModel, data: Any, splits: list[str], root: Path,
+                 baseline: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+        """Each split's report, and the faithfulness check (None when skipped).
+
+        On several cores the check runs in a thread beside the reports, on its own copy of the model
+        (its hooks must not reach the reports' forward passes), both with one torch thread: evaluating
+        leaves the second core nearly idle (segmenting is most of it, and a second torch thread made
+        it 1.08x faster), and after a fit the two ran in turn.
+        """
+        found: dict[str, Any] = {}
+
+        def check(model: SavedModel) -> None:
+            try:
+                found["summary"] = self._faithfulness(model, data, root)
+            except BaseException as e:  # raised where the fit runs, after the reports
+                found["error"] = e
+
+        thread, threads = None, torch.get_num_threads()
+        if self.faithfulness and usable_cores() > 1:
+            with torch.inference_mode(False):  # under Lightning's test loop: the copy must be usable by autograd
+                model = copy.deepcopy(saved)
+            thread = threading.Thread(target=check, args=(model,), name="han-faithfulness")
+            torch.set_num_threads(1)
+            thread.start()
+        try:
+            reports = {split: self._report(saved, data, split, root / split, baseline) for split in splits}
+        finally:
+            if thread is not None:
+                thread.join()
+                torch.set_num_threads(threads)
+        if thread is None:
+            check(saved)
+        if "error" in found:
+            raise found["error"]
+        return reports, found.get("summary")
+
     def _faithfulness(self, saved: SavedModel, data: Any, root: Path) -> dict[str, Any] | None:
         split = "test" if "test" in data.splits else "validation"
         if not self.faithfulness:
@@ -228,6 +279,11 @@ class ExportModel(pl.Callback):
         if baseline:
             rank_zero_info(side_by_side(split, headline(report), baseline[split]))
         return report
+
+
+def _evaluated(data: Any) -> list[str]:
+    """The splits a fit reports on."""
+    return [split for split in ("validation", "test") if split in data.splits]
 
 
 def _split(data: Any, split: str) -> tuple[list[str], np.ndarray]:
