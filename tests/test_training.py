@@ -19,10 +19,8 @@ import pytest
 
 import model_store
 from han import Pipeline, SavedModel
-from han.environment import usable_cores
 from tests.conftest import REPO
-from training import export
-from training.baseline import BackgroundBaseline, advice, run_baseline
+from training.baseline import advice
 from training.cli import main
 from training.data import HANDataModule
 
@@ -225,22 +223,16 @@ def test_multi_label_threshold_is_tuned_on_validation_unless_given(tmp_path: Pat
     assert SavedModel.load(root / "model").threshold == 0.3
 
 
-@pytest.mark.parametrize("where", ["inline", "another process"])
 def test_fit_trains_the_tfidf_baseline_on_the_hans_training_split_and_reports_it_beside_the_model(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, where: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """TF-IDF + logistic regression on the HAN's training split (validation carved out of it), scored on
     the same validation and test documents: the log, metrics.json, the text report and the model's
-    metadata hold the figures a plain scikit-learn pipeline gets on that split, whether it trained
-    after the HAN or in another process while the HAN trained (a large split on several cores)."""
+    metadata hold the figures a plain scikit-learn pipeline gets on that split."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, f1_score
 
-    if where == "another process":
-        if usable_cores() < 2:
-            pytest.skip("the baseline trains beside the HAN only where there is a second core")
-        monkeypatch.setattr(export, "BACKGROUND_BASELINE_FROM", 1)  # the smoke run's 24 documents count as large
     caplog.set_level(logging.INFO)
     root = fit(tmp_path, "--data.validation", "null", "--data.val_fraction", "0.25", "--export.faithfulness", "0")
     saved = SavedModel.load(root / "model")
@@ -249,7 +241,6 @@ def test_fit_trains_the_tfidf_baseline_on_the_hans_training_split_and_reports_it
     assert baseline["training_documents"] == 24  # 32 reviews, a quarter held out for validation
     assert re.search(r"baseline \(TF-IDF 1-2 grams \+ logistic regression\) on 24 training documents: [\d.]+ s",
                      caplog.text)
-    assert ("in another process, while the HAN trains" in caplog.text) == (where == "another process")
     data = HANDataModule(str(REVIEWS), test=str(REVIEWS), val_fraction=0.25, min_freq=1, max_sentences=8,
                          max_words=20, cache_dir=str(tmp_path / "cache"))  # the smoke run's data
     data.setup()
@@ -271,24 +262,6 @@ def test_fit_trains_the_tfidf_baseline_on_the_hans_training_split_and_reports_it
         assert f"accuracy {han:>7.4f} {expected['accuracy']:>9.4f} {han - expected['accuracy']:>+11.4f}" in caplog.text
     ahead = baseline["validation"]["accuracy"] > saved.metadata["metrics"]["validation"]["accuracy"]
     assert ("advice" in baseline) == ("the TF-IDF baseline is ahead on validation" in caplog.text) == ahead
-
-
-def test_a_baseline_whose_process_dies_is_trained_where_the_fit_runs(tmp_path: Path) -> None:
-    """The figures are still wanted when the baseline's process is killed (memory, a signal): the same
-    summary as trained inline; a process stopped before its end leaves nothing running."""
-    data = HANDataModule(str(REVIEWS), test=str(REVIEWS), val_fraction=0.25, min_freq=1, max_sentences=8,
-                         max_words=20, cache_dir=str(tmp_path / "cache"))
-    data.setup()
-    inline = run_baseline(data, ["validation", "test"])
-    job = BackgroundBaseline(data, ["validation", "test"])
-    os.kill(job.process.pid, signal.SIGKILL)
-    job.process.join(30)
-    summary = job.result()
-    assert {k: v for k, v in summary.items() if k != "seconds"} == {k: v for k, v in inline.items() if k != "seconds"}
-    assert not job.process.is_alive()
-    stopped = BackgroundBaseline(data, ["test"])
-    stopped.close()
-    assert not stopped.process.is_alive() and stopped.process.exitcode is not None
 
 
 def test_the_baseline_advice_is_given_only_when_it_is_ahead_on_validation() -> None:

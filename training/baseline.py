@@ -84,97 +84,23 @@ def labelled_training_split(data: Any) -> tuple[list[str], np.ndarray]:
     return data.texts("train")[:human], data.splits["train"].targets.numpy()[:human]
 
 
-def baseline_inputs(data: Any, splits: list[str]) -> dict[str, Any]:
-    """What the baseline reads from the datamodule, as plain lists and arrays (another process can take them)."""
-    texts, targets = labelled_training_split(data)
-    return {"train": (texts, targets), "multi_label": data.multi_label,
-            "validation": (data.texts("validation"), data.splits["validation"].targets.numpy())
-            if "validation" in data.splits else None,
-            "splits": {split: (data.texts(split), data.splits[split].targets.numpy()) for split in splits}}
-
-
-def baseline_summary(inputs: dict[str, Any], threshold: float | None = None) -> dict[str, Any]:
-    """Train the baseline on ``inputs`` (``baseline_inputs``) and score it on their splits: the
-    ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``)."""
-    texts, targets = inputs["train"]
-    start = time.perf_counter()
-    baseline = train_baseline(texts, targets, inputs["multi_label"], inputs["validation"], threshold)
-    summary: dict[str, Any] = {"model": MODEL, "training_documents": len(texts),
-                               "seconds": round(time.perf_counter() - start, 2)}
-    if inputs["multi_label"]:
-        summary["threshold"] = baseline.threshold
-    for split, (split_texts, split_targets) in inputs["splits"].items():
-        summary[split] = baseline.scores(split_texts, split_targets)
-    return summary
-
-
 def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -> dict[str, Any]:
-    """The baseline trained and scored here, now (``baseline_summary`` on the datamodule's splits)."""
-    inputs = baseline_inputs(data, splits)
-    rank_zero_info(f"baseline ({MODEL}) on {len(inputs['train'][0]):,} training documents ...")
-    summary = baseline_summary(inputs, threshold)
-    rank_zero_info(f"baseline ({MODEL}) on {summary['training_documents']:,} training documents: "
-                   f"{summary['seconds']:.2f} s")
+    """Train the baseline on the datamodule's labelled training split and score it on ``splits``:
+    the ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``)."""
+    texts, targets = labelled_training_split(data)
+    rank_zero_info(f"baseline ({MODEL}) on {len(texts):,} training documents ...")
+    start = time.perf_counter()
+    validation = (data.texts("validation"), data.splits["validation"].targets.numpy()) \
+        if "validation" in data.splits else None
+    baseline = train_baseline(texts, targets, data.multi_label, validation, threshold)
+    seconds = time.perf_counter() - start
+    rank_zero_info(f"baseline ({MODEL}) on {len(texts):,} training documents: {seconds:.2f} s")
+    summary: dict[str, Any] = {"model": MODEL, "training_documents": len(texts), "seconds": round(seconds, 2)}
+    if data.multi_label:
+        summary["threshold"] = baseline.threshold
+    for split in splits:
+        summary[split] = baseline.scores(data.texts(split), data.splits[split].targets.numpy())
     return summary
-
-
-class BackgroundBaseline:
-    """The baseline trained in another process while the HAN trains, where a core is there for it.
-
-    Training leaves part of a second core idle (two torch threads are 1.4x one, not 2x), and the
-    baseline takes one core for 15 s on IMDB's 22,500 reviews: run after training, that is 15 s more
-    before ``make run`` serves. The process is spawned (a forked torch process can hang in OpenMP),
-    gets the documents as plain lists and runs one BLAS thread; training's threads follow the core it
-    takes (training.threads).
-    """
-
-    def __init__(self, data: Any, splits: list[str], threshold: float | None = None) -> None:
-        import multiprocessing
-
-        self.inputs, self.threshold = baseline_inputs(data, splits), threshold
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe(duplex=False)
-        self.process = context.Process(target=_baseline_process, args=(self.inputs, threshold, child),
-                                       name="han-baseline", daemon=True)
-        self.process.start()
-        child.close()
-        rank_zero_info(f"baseline ({MODEL}) on {len(self.inputs['train'][0]):,} training documents: "
-                       "in another process, while the HAN trains")
-
-    def result(self) -> dict[str, Any]:
-        """Its summary, waiting for it if need be; where the process died, the baseline trained here.
-        Raises ValueError as ``baseline_summary`` does (scikit-learn's, on data it cannot fit)."""
-        try:
-            kind, value = self.connection.recv()
-        except (EOFError, OSError):  # killed (memory, a signal): the figures are still wanted
-            rank_zero_info(f"baseline process ended without a result (exit code {self.process.exitcode}): "
-                           "training it here")
-            kind, value = "summary", baseline_summary(self.inputs, self.threshold)
-        finally:
-            self.close()
-        if kind == "error":
-            raise ValueError(value)
-        rank_zero_info(f"baseline ({MODEL}) on {value['training_documents']:,} training documents: "
-                       f"{value['seconds']:.2f} s, while the HAN trained")
-        return value
-
-    def close(self) -> None:
-        """Stop the process if it still runs (training interrupted) and release the pipe."""
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join(5)
-        self.connection.close()
-
-
-def _baseline_process(inputs: dict[str, Any], threshold: float | None, connection: Any) -> None:
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):  # one core: the other is training's
-        try:
-            connection.send(("summary", baseline_summary(inputs, threshold)))
-        except ValueError as e:
-            connection.send(("error", str(e)))
-    connection.close()
 
 
 def side_by_side(split: str, han: dict[str, float], baseline: dict[str, float]) -> str:
