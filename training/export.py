@@ -197,10 +197,10 @@ class ExportModel(pl.Callback):
         """Each split's report, and the faithfulness check (None when skipped).
 
         On several cores the check runs in a thread beside the reports, on its own copy of the model
-        (its hooks must not reach the reports' forward passes), both with one torch thread: evaluating
-        is mostly segmenting, which a second torch thread hardly speeds up (1.08x), so the second core
-        was nearly idle. Measured in turn, 8,000 IMDB reviews and the check on 32: 18-22 s beside
-        each other against 22-32 s one after the other.
+        (its hooks must not reach the reports' forward passes), each with half the torch threads:
+        evaluating is mostly segmenting, which a second torch thread hardly speeds up (1.08x on 2
+        cores), so the second core was nearly idle. On 2 cores, 8,000 IMDB reviews evaluated and 32
+        checked took 0.85x and 0.73x the time beside each other (benchmarks/after_fit.py).
         """
         found: dict[str, Any] = {}
 
@@ -215,7 +215,7 @@ class ExportModel(pl.Callback):
             with torch.inference_mode(False):  # under Lightning's test loop: the copy must be usable by autograd
                 model = copy.deepcopy(saved)
             thread = threading.Thread(target=check, args=(model,), name="han-faithfulness")
-            torch.set_num_threads(1)
+            torch.set_num_threads(max(1, threads // 2))
             thread.start()
         try:
             reports = {split: self._report(saved, data, split, root / split, baseline) for split in splits}
