@@ -1,6 +1,6 @@
-"""What a fit does after training, two ways: the evaluation and then the faithfulness check (two
-torch threads, as before 26fadaa), against the check in a thread beside the evaluation on its own copy
-of the model, one torch thread each (training.export.ExportModel._measure). Rounds alternate the order.
+"""What a fit does after training, two ways: the evaluation and then the faithfulness check (all the
+torch threads, as before e894b81), against the check in a thread beside the evaluation on its own copy
+of the model, half the threads each (training.export.ExportModel._measure). Rounds alternate the order.
 
     .venv/bin/python benchmarks/after_fit.py runs/imdb_quick/model --documents 8000 --checked 32 --tau 6 --rounds 4
 """
@@ -45,17 +45,19 @@ def main() -> None:
     def check(model: SavedModel) -> None:
         faithfulness_report(Pipeline(model, batch_size=256), texts, args.checked, args.tau, out, "benchmark")
 
+    threads = torch.get_num_threads()
+
     def in_turn() -> None:
-        torch.set_num_threads(2)
         evaluate(Pipeline(saved, batch_size=256), texts, targets)
         check(saved)
 
     def beside() -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(max(1, threads // 2))
         thread = threading.Thread(target=check, args=(copy.deepcopy(saved),))
         thread.start()
         evaluate(Pipeline(saved, batch_size=256), texts, targets)
         thread.join()
+        torch.set_num_threads(threads)
 
     seconds: dict[str, list[float]] = {"in turn": [], "beside": []}
     for r in range(args.rounds):

@@ -177,6 +177,44 @@ def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, cap
     assert "faithfulness on test (24 documents)" in caplog.text
 
 
+def test_a_failing_report_stops_the_faithfulness_check_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several torch threads the check runs beside the reports; when they fail (or Ctrl+C), the
+    error reaches the fit at once, the check ends without writing its report, and the threads are as before."""
+    import threading
+
+    import torch
+
+    from tests.tiny_model import train_tiny_model
+    from training.export import ExportModel
+
+    saved, _ = train_tiny_model(steps=20)
+    data = HANDataModule(str(REVIEWS), test=str(REVIEWS), val_fraction=0.25, min_freq=1, max_sentences=8,
+                         max_words=20, cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    started = threading.Event()
+
+    def failing_report(*args: object, **kwargs: object) -> dict:
+        started.wait(10)  # the check has begun
+        raise RuntimeError("the report failed")
+
+    export = ExportModel(faithfulness=32, faithfulness_tau=0, faithfulness_budget=None)
+    real_faithfulness = export._faithfulness
+    monkeypatch.setattr(export, "_faithfulness", lambda *a: (started.set(), real_faithfulness(*a))[1])
+    monkeypatch.setattr(ExportModel, "_report", staticmethod(failing_report))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="the report failed"):
+            export._measure(saved, data, ["test"], tmp_path / "report", None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert not any(t.name == "han-faithfulness" for t in threading.enumerate())
+    assert not (tmp_path / "report" / "test" / "faithfulness.json").exists(), "stopped before its end"
+
+
 def test_multi_label_training_on_lists_of_labels(tmp_path: Path) -> None:
     root = fit(tmp_path, "--data.label_column", "labels", "--data.multi_label", "true", data=TOPICS)
     saved = SavedModel.load(root / "model")

@@ -22,7 +22,6 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info
 
 from han.calibration import fit_temperature
-from han.environment import usable_cores
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
 from training.baseline import MODEL as BASELINE_MODEL
@@ -30,6 +29,10 @@ from training.baseline import advice, run_baseline, side_by_side
 from training.faithfulness_report import faithfulness_report
 from training.progress import Step, show_in
 from training.report import best_threshold, evaluate, headline, write_report
+
+
+class _Stopped(Exception):
+    """The faithfulness check beside the reports, ended because they failed or were interrupted."""
 
 
 class CheckpointError(ValueError):
@@ -196,40 +199,51 @@ class ExportModel(pl.Callback):
                  baseline: dict[str, Any] | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
         """Each split's report, and the faithfulness check (None when skipped).
 
-        On several cores the check runs in a thread beside the reports, on its own copy of the model
-        (its hooks must not reach the reports' forward passes), each with half the torch threads:
+        With several torch threads the check runs in a thread beside the reports, on its own copy of
+        the model (its hooks must not reach the reports' forward passes), each with half the threads:
         evaluating is mostly segmenting, which a second torch thread hardly speeds up (1.08x on 2
         cores), so the second core was nearly idle. On 2 cores, 8,000 IMDB reviews evaluated and 32
-        checked took 0.85x and 0.73x the time beside each other (benchmarks/after_fit.py).
+        checked took 0.85x and 0.73x the time beside each other (benchmarks/after_fit.py). Under a
+        time budget the check starts before the reports and runs slower beside them, so it measures
+        fewer documents than it would after them.
         """
         found: dict[str, Any] = {}
+        stop = threading.Event()  # set when the reports fail or are interrupted (Ctrl+C): the check ends too
 
         def check(model: SavedModel) -> None:
             try:
-                found["summary"] = self._faithfulness(model, data, root)
+                found["summary"] = self._faithfulness(model, data, root, stop)
+            except _Stopped:
+                pass
             except BaseException as e:  # raised where the fit runs, after the reports
                 found["error"] = e
 
         thread, threads = None, torch.get_num_threads()
-        if self.faithfulness and usable_cores() > 1:
+        if self.faithfulness and threads > 1:
             with torch.inference_mode(False):  # under Lightning's test loop: the copy must be usable by autograd
                 model = copy.deepcopy(saved)
             thread = threading.Thread(target=check, args=(model,), name="han-faithfulness")
-            torch.set_num_threads(max(1, threads // 2))
+            torch.set_num_threads(threads // 2)
             thread.start()
         try:
             reports = {split: self._report(saved, data, split, root / split, baseline) for split in splits}
+        except BaseException:
+            stop.set()
+            raise
         finally:
             if thread is not None:
-                thread.join()
-                torch.set_num_threads(threads)
+                try:
+                    thread.join()
+                finally:
+                    torch.set_num_threads(threads)
         if thread is None:
             check(saved)
         if "error" in found:
             raise found["error"]
         return reports, found.get("summary")
 
-    def _faithfulness(self, saved: SavedModel, data: Any, root: Path) -> dict[str, Any] | None:
+    def _faithfulness(self, saved: SavedModel, data: Any, root: Path,
+                      stop: threading.Event | None = None) -> dict[str, Any] | None:
         split = "test" if "test" in data.splits else "validation"
         if not self.faithfulness:
             return None
@@ -240,9 +254,15 @@ class ExportModel(pl.Callback):
             budget = self.faithfulness_budget * fit_seconds
             limit = f"budget {budget:.1f} s: {self.faithfulness_budget:.0%} of the fit's {fit_seconds:.0f} s so far"
         with Step(f"faithfulness on {split}", min(self.faithfulness, len(texts)), detail=f", {limit}") as step:
+
+            def progress(documents: int) -> None:
+                if stop is not None and stop.is_set():
+                    raise _Stopped
+                step.update(documents)
+
             summary = faithfulness_report(Pipeline(saved, batch_size=256), texts, self.faithfulness,
                                           self.faithfulness_tau, root / split, title, budget_seconds=budget,
-                                          progress=step.update)
+                                          progress=progress)
             step.count = summary["documents"]
             step.detail = f", stopped by the {summary['stopped_by']} ({limit}; {summary['offered']:,} sampled)"
         rank_zero_info(f"faithfulness on {split} ({summary['documents']} documents): " + "; ".join(
