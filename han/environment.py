@@ -89,7 +89,7 @@ def release_free_memory() -> None:
     C code (numpy's ``cumsum``, among others) looks names up by strings it makes on the spot: a
     few hundred such strings, made among a large request's millions of short-lived objects, each
     kept one of Python's 1 MB memory arenas from being given back (measured: 256 documents of 40 kB
-    with full explanations left 12-15 MB behind; 455 strings, 27 kB, held it all).
+    with full explanations left 8-15 MB behind; 455 strings, 27 kB, held it all).
     """
     clear_type_cache = getattr(sys, "_clear_internal_caches", None) or getattr(sys, "_clear_type_cache", None)
     if clear_type_cache is not None:  # lookups refill it at their next use
