@@ -7,7 +7,8 @@ import random
 import pytest
 
 from tests.conftest import REPO
-from training.data import HANDataModule, LengthBucketSampler
+from training.batches import LengthBucketSampler
+from training.data import HANDataModule
 from training.sources import DataError, load_source
 
 
@@ -100,3 +101,32 @@ def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, mo
     module = HANDataModule(train=str(tmp_path / "bad-label.parquet"), test=None, cache_dir=str(tmp_path / "c"))
     with pytest.raises(DataError, match=r"row 99: a label must be a string or an integer, not None"):
         module._tokenised("train", str(tmp_path / "bad-label.parquet"), None)
+
+
+def test_the_test_split_is_read_without_tokens_as_tokenising_would_keep_it(tmp_path) -> None:
+    """``fit`` scores the test split through the pipeline, so it is not tokenised up front; the rows
+    kept, their texts and targets are those tokenising keeps, and Lightning's test loop still gets tokens."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    train = ["a good film. really good", "a bad film, bad acting", "good plot", "bad plot and slow"] * 4
+    pq.write_table(pa.table({"text": train, "label": ["pos", "neg"] * 8}), tmp_path / "train.parquet")
+    test = ["good", "   \n\t ", "<br /><br />", "\x00\x01 \u200b", "", " " * 40 + "bad", "bad\u00a0plot", "\u3000",
+            "\u200bok\x00", "x" * 40]
+    pq.write_table(pa.table({"text": test, "label": ["pos", "neg"] * 5}), tmp_path / "test.parquet")
+    module = HANDataModule(train=str(tmp_path / "train.parquet"), test=str(tmp_path / "test.parquet"), min_freq=1,
+                           max_chars=30, cache_dir=str(tmp_path / "cache"))
+    module.setup()
+    read = (module.texts("test"), module.splits["test"].targets.tolist())
+    tokenised = module._tokenised("test", str(tmp_path / "test.parquet"), None)
+    assert read[0] == tokenised["text"] == ["good", "bad\u00a0plot", "\u200bok\x00", "x" * 40]
+    assert read[1] == [0 if t == ["neg"] else 1 for t in tokenised["target"]] == [1, 1, 1, 0]
+    loader = module.test_dataloader()
+    assert module.texts("test") == read[0] and module.splits["test"].targets.tolist() == read[1]
+    assert sum(len(batch[1]) for batch in loader) == 4
+
+    pq.write_table(pa.table({"text": ["good", "fine"], "label": ["pos", "meh"]}), tmp_path / "other.parquet")
+    other = HANDataModule(train=str(tmp_path / "train.parquet"), test=str(tmp_path / "other.parquet"),
+                          cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match="test: label 'meh' does not occur in the training labels"):
+        other.setup()

@@ -306,6 +306,22 @@ def test_unlabelled_text_changes_the_built_vectors_and_a_rerun_hits_the_cache(tm
     assert "oil" in words[1] and "oil" not in words[0]  # words only the unlabelled text has
 
 
+def test_one_worker_reads_the_sentences_and_several_read_a_file_of_them_with_the_same_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One gensim worker (accuracy fits, one core) is fed the sentences as before; several read them
+    from a file gensim splits between them: the same words, other vectors, their own cache entry."""
+    for threads in ("1", "2"):
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        fit(tmp_path, "--model.embeddings", "word2vec")
+    built = sorted((tmp_path / "cache").glob("word2vec-*.npy"))
+    assert len(built) == 2
+    words = [json.loads(p.with_suffix(".json").read_text()) for p in built]
+    assert len(words[0]) > 50 and sorted(words[0]) == sorted(words[1])
+    assert not (tmp_path / "cache" / "sentences.txt").exists() and not any(
+        p.is_dir() for p in (tmp_path / "cache").iterdir()), "the corpus file is removed"
+
+
 def test_more_word2vec_passes_build_other_vectors_and_a_bad_count_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

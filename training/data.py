@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,87 +13,16 @@ import datasets
 import numpy as np
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
-from han.batch import Batch, collate_flat
-from han.segment import SegmenterConfig
+from han.segment import SegmenterConfig, has_words
 from han.vocab import Vocabulary
 from training import tokenise
+from training.batches import EncodedDocuments, LabelledTexts, LengthBucketSampler, collate_examples
 from training.sources import DataError, load_source
 
 TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
-
-
-class EncodedDocuments(Dataset):
-    """Documents as (flat word ids, words per sentence) with their targets."""
-
-    def __init__(self, documents: list[tuple[np.ndarray, np.ndarray]], targets: torch.Tensor) -> None:
-        self.documents = documents
-        self.targets = targets
-        self.sizes = [len(ids) for ids, _ in documents]
-
-    def __len__(self) -> int:
-        return len(self.documents)
-
-    def __getitem__(self, index: int) -> tuple[tuple[np.ndarray, np.ndarray], torch.Tensor]:
-        return self.documents[index], self.targets[index]
-
-
-def collate_examples(examples: Sequence[tuple[tuple[np.ndarray, np.ndarray], torch.Tensor]]) -> tuple[Batch, Any]:
-    return collate_flat([doc for doc, _ in examples]), torch.stack([t for _, t in examples])
-
-
-class LengthBucketSampler(Sampler[list[int]]):
-    """Batches of documents of similar length, in a fresh random order each epoch.
-
-    Shuffles, cuts the order into pools of ``pool_batches`` batches, sorts each pool by length,
-    then shuffles the batches. Under torch.distributed each rank takes every world-size-th batch
-    (all ranks get the same number), so it works with DDP without Lightning's DistributedSampler.
-    """
-
-    def __init__(
-        self, sizes: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0, pool_batches: int = 50,
-        rank: int | None = None, world_size: int | None = None,
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.sizes = list(sizes)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.pool = batch_size * pool_batches
-        self.epoch = 0
-
-    def _all_batches(self) -> list[list[int]]:
-        rng = np.random.default_rng(self.seed + self.epoch)
-        order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
-        batches: list[list[int]] = []
-        for start in range(0, len(order), self.pool):
-            pool = sorted(order[start : start + self.pool].tolist(), key=self.sizes.__getitem__)
-            batches.extend(pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size))
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
-
-    def _rank_world(self) -> tuple[int, int]:
-        if self.rank is not None and self.world_size is not None:
-            return self.rank, self.world_size
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-
-    def __iter__(self) -> Iterator[list[int]]:
-        batches = self._all_batches()
-        self.epoch += 1
-        rank, world = self._rank_world()
-        per_rank = math.ceil(len(batches) / world)
-        batches = (batches * 2)[: per_rank * world]  # pad by repeating so every rank gets as many
-        yield from batches[rank::world]
-
-    def __len__(self) -> int:
-        _, world = self._rank_world()
-        return math.ceil(math.ceil(len(self.sizes) / self.batch_size) / world)
 
 
 class HANDataModule(pl.LightningDataModule):
@@ -176,7 +104,7 @@ class HANDataModule(pl.LightningDataModule):
                                                 language=language)
         self.vocab: Vocabulary | None = None
         self.label_names: list[str] | None = labels
-        self.splits: dict[str, EncodedDocuments] = {}
+        self.splits: dict[str, EncodedDocuments | LabelledTexts] = {}
         self._keys: dict[str, datasets.Dataset] = {}
         self.cache_keys: dict[str, str] = {}  # split -> key of its tokenisation cache
         self._unlabeled: datasets.Dataset | None = None
@@ -251,10 +179,11 @@ class HANDataModule(pl.LightningDataModule):
             train = datasets.concatenate_datasets([train, pseudo])
             self.pseudo_labelled_rows = len(pseudo)
         self._keys = {"train": train, "validation": val}
-        if hp.test:
-            self._keys["test"] = self._tokenised("test", hp.test, hp.max_eval_docs)
         self.vocab = Vocabulary.build(self._iter_keys(train), min_freq=hp.min_freq, max_size=hp.max_vocab)
         self.splits = {name: self._encode(name, ds) for name, ds in self._keys.items()}
+        if hp.test:
+            self._keys["test"] = self._texts("test", hp.test, hp.max_eval_docs)
+            self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"]))
 
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
@@ -267,6 +196,9 @@ class HANDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         if "test" not in self.splits:
             raise DataError("no test data: set data.test in the config or with --data.test PATH")
+        if isinstance(self.splits["test"], LabelledTexts):  # tokenised now: Lightning's test loop reads tokens
+            self._keys["test"] = self._tokenised("test", self.hparams.test, self.hparams.max_eval_docs)
+            self.splits["test"] = self._encode("test", self._keys["test"])
         return self._eval_loader("test")
 
     @property
@@ -296,20 +228,8 @@ class HANDataModule(pl.LightningDataModule):
         """The split tokenised (columns text, keys and target), cached on disk. Unlabelled text
         (``split == "unlabeled"``) needs no label column; its targets are empty."""
         hp = self.hparams
-        raw = load_source(source)
         labelled = split != "unlabeled"
-        needed = (hp.text_column, hp.label_column) if labelled else (hp.text_column,)
-        missing = [c for c in needed if c not in raw.column_names]
-        if missing:
-            raise DataError(
-                f"{split} ({source}): no column {missing[0]!r}; its columns are {', '.join(raw.column_names)} "
-                f"(set data.text_column / data.label_column)"
-            )
-        if limit is not None:
-            raw = raw.select(range(min(limit, len(raw))))
-        raw = raw.select_columns(list(needed))
-        _refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
-                               "a list" if self.multi_label else "a string or an integer")
+        raw = self._raw(split, source, limit, labelled)
         key = self._cache_key(source, raw, limit)
         self.cache_keys[split] = key
         cache = Path(hp.cache_dir) / f"{split}-{key}.arrow"
@@ -325,6 +245,42 @@ class HANDataModule(pl.LightningDataModule):
         if len(result) == 0:
             raise DataError(f"{split} ({source}): no non-empty documents")
         return result
+
+    def _raw(self, split: str, source: str, limit: int | None, labelled: bool) -> datasets.Dataset:
+        """The split's text and label columns, checked for missing columns and values."""
+        hp = self.hparams
+        raw = load_source(source)
+        needed = (hp.text_column, hp.label_column) if labelled else (hp.text_column,)
+        missing = [c for c in needed if c not in raw.column_names]
+        if missing:
+            raise DataError(
+                f"{split} ({source}): no column {missing[0]!r}; its columns are {', '.join(raw.column_names)} "
+                f"(set data.text_column / data.label_column)"
+            )
+        if limit is not None:
+            raw = raw.select(range(min(limit, len(raw))))
+        raw = raw.select_columns(list(needed))
+        _refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
+                               "a list" if self.multi_label else "a string or an integer")
+        return raw
+
+    def _texts(self, split: str, source: str, limit: int | None) -> datasets.Dataset:
+        """The split as ``_tokenised`` gives it (the same rows: those with a word), without its tokens."""
+        hp = self.hparams
+        raw = self._raw(split, source, limit, labelled=True)
+        kept: dict[str, list] = {"text": [], "target": []}
+        for rows in raw.iter(batch_size=2000):
+            start = len(kept["text"])
+            for i, (text, label) in enumerate(zip(rows[hp.text_column], rows[hp.label_column], strict=True)):
+                if not isinstance(text, str):
+                    raise DataError(f"{split} ({source}) row {start + i}: the text is {type(text).__name__}, "
+                                    f"not a string")
+                if has_words(text, hp.max_chars):
+                    kept["text"].append(text)
+                    kept["target"].append(tokenise.label_strings(label, self.multi_label, split, source))
+        if not kept["text"]:
+            raise DataError(f"{split} ({source}): no non-empty documents")
+        return datasets.Dataset.from_dict(kept)
 
     def _cache_key(self, source: str, raw: datasets.Dataset, limit: int | None) -> str:
         path = Path(source)
@@ -359,29 +315,31 @@ class HANDataModule(pl.LightningDataModule):
             yield from batch["keys"]
 
     def _encode(self, split: str, ds: datasets.Dataset) -> EncodedDocuments:
-        assert self.vocab is not None and self.label_names is not None
+        assert self.vocab is not None
         encode = self.vocab.encode
+        documents = [
+            (np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
+             np.fromiter(map(len, keys), dtype=np.int32))
+            for batch in ds.select_columns(["keys"]).iter(batch_size=2000) for keys in batch["keys"]
+        ]
+        return EncodedDocuments(documents, self._targets(split, ds["target"]))
+
+    def _targets(self, split: str, labels: list[list[str]]) -> torch.Tensor:
+        """Class indices, or a 0/1 row per document for multi-label data."""
+        assert self.label_names is not None
         index = {name: i for i, name in enumerate(self.label_names)}
-        documents: list[tuple[np.ndarray, np.ndarray]] = []
         targets = (
-            torch.zeros(len(ds), len(index)) if self.multi_label else torch.zeros(len(ds), dtype=torch.long)
+            torch.zeros(len(labels), len(index)) if self.multi_label else torch.zeros(len(labels), dtype=torch.long)
         )
-        row = 0
-        for batch in ds.select_columns(["keys", "target"]).iter(batch_size=2000):
-            for keys, target in zip(batch["keys"], batch["target"], strict=True):
-                documents.append((
-                    np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
-                    np.fromiter(map(len, keys), dtype=np.int32),
-                ))
-                unknown = [t for t in target if t not in index]
-                if unknown:
-                    raise DataError(f"{split}: label {unknown[0]!r} does not occur in the training labels")
-                if self.multi_label:
-                    targets[row, [index[t] for t in target]] = 1.0
-                else:
-                    targets[row] = index[target[0]]
-                row += 1
-        return EncodedDocuments(documents, targets)
+        for row, target in enumerate(labels):
+            unknown = [t for t in target if t not in index]
+            if unknown:
+                raise DataError(f"{split}: label {unknown[0]!r} does not occur in the training labels")
+            if self.multi_label:
+                targets[row, [index[t] for t in target]] = 1.0
+            else:
+                targets[row] = index[target[0]]
+        return targets
 
 
 def _refuse_missing_values(

@@ -48,11 +48,11 @@ def tokenise_batch(
             continue
         kept.append(segment.text)
         keys.append(segment.token_keys)
-        targets.append(_label_strings(label, multi_label, split, source) if label_column else [])
+        targets.append(label_strings(label, multi_label, split, source) if label_column else [])
     return {"text": kept, "keys": keys, "target": targets}
 
 
-def _label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
+def label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
     if multi_label:
         if not isinstance(label, (list, tuple)):
             raise DataError(f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list")
