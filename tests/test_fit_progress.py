@@ -25,7 +25,8 @@ def test_a_smoke_fit_logs_each_step_and_the_faithfulness_budget(tmp_path: Path, 
     main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
           str(tmp_path / "cache")])
     log = caplog.text
-    for step in ("calibrating on validation", "evaluating validation", "evaluating test"):
+    for step in ("calibrating on validation", "evaluating validation", "evaluating test", "baseline scoring validation",
+                 "baseline scoring test"):
         assert f"{step}: 32 documents ..." in log, step
         assert re.search(rf"{step}: 32 documents in \d+\.\d s", log), step
     start = re.search(r"faithfulness on test: 24 documents, budget (\d+\.\d) s: 10% of the fit's (\d+) s so far \.\.\.",
