@@ -272,10 +272,7 @@ class HANDataModule(pl.LightningDataModule):
         for rows in raw.iter(batch_size=2000):
             start = len(kept["text"])
             for i, (text, label) in enumerate(zip(rows[hp.text_column], rows[hp.label_column], strict=True)):
-                if not isinstance(text, str):
-                    raise DataError(f"{split} ({source}) row {start + i}: the text is {type(text).__name__}, "
-                                    f"not a string")
-                if has_words(text, hp.max_chars):
+                if has_words(tokenise.require_text(text, start + i, split, source), hp.max_chars):
                     kept["text"].append(text)
                     kept["target"].append(tokenise.label_strings(label, self.multi_label, split, source))
         if not kept["text"]:

@@ -39,8 +39,7 @@ def tokenise_batch(
     with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
     texts = batch[text_column]
     for i, text in zip(indices, texts, strict=True):
-        if not isinstance(text, str):
-            raise DataError(f"{split} ({source}) row {i}: the text is {type(text).__name__}, not a string")
+        require_text(text, i, split, source)
     labels = batch[label_column] if label_column else [None] * len(texts)
     kept, keys, targets = [], [], []
     for segment, label in zip(_segmenter(config).segment_many(texts), labels, strict=True):
@@ -50,6 +49,13 @@ def tokenise_batch(
         keys.append(segment.token_keys)
         targets.append(label_strings(label, multi_label, split, source) if label_column else [])
     return {"text": kept, "keys": keys, "target": targets}
+
+
+def require_text(text: Any, row: int, split: str, source: str) -> str:
+    """The document's text, or a DataError naming its row in the file."""
+    if not isinstance(text, str):
+        raise DataError(f"{split} ({source}) row {row}: the text is {type(text).__name__}, not a string")
+    return text
 
 
 def label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
