@@ -41,6 +41,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def requested_threads() -> int:
+    """The threads a process may compute with: ``OMP_NUM_THREADS`` where set, else its usable cores."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cores()
+
+
 def tune_process(threads: int = 1) -> None:
     """Settings for a process that runs the model (han-score's scoring processes, a serving worker):
     one torch thread by default (a second one measured no faster and slower beside any other busy

@@ -161,7 +161,7 @@ def clean_text(text: str) -> str:
 def has_words(text: str, max_chars: int) -> bool:
     """Whether ``Segmenter.segment`` finds a word in ``text``, without tokenising it: spaCy splits
     wherever whitespace starts or ends, so any other character left by ``clean_text`` is in a word."""
-    return not clean_text(text[:max_chars]).isspace() and bool(text)
+    return bool(text) and not clean_text(text[:max_chars]).isspace()
 
 
 def token_key(token_text: str) -> str:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import sys
@@ -19,7 +18,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from han.environment import apply_defaults, usable_cores
+from han.environment import apply_defaults, requested_threads
 from han.saved_model import ModelDirectoryError
 from training import recipe
 from training.data import HANDataModule
@@ -108,7 +107,7 @@ def main(args: list[str] | None = None) -> None:
     apply_defaults()
     # The cores this process may use unless OMP_NUM_THREADS says otherwise (torch's own default can be
     # fewer); while training, the count then follows the cores other processes leave free (training.threads).
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cores())
+    torch.set_num_threads(requested_threads())
     try:
         cli = _run(args)
         if cli.subcommand == "fit" and teaching(cli.config.fit):

@@ -17,10 +17,10 @@ import argparse
 import hashlib
 import importlib.resources
 import json
-import os
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from pytorch_lightning.utilities import rank_zero_info
 
-from han.environment import usable_cores
+from han.environment import requested_threads
 from han.model import HANConfig
 from han.vectors import Vectors, VectorsError, load_vectors, match, vectors_dimension
 from han.vocab import Vocabulary
@@ -127,7 +127,7 @@ def built_word2vec(data: Any, dim: int, seed: int, epochs: int) -> Vectors:
     data.unlabeled_keys()  # tokenised first, so that its cache key is known
     identity = [data.cache_keys.get("train"), data.cache_keys.get("validation"), hp.val_fraction, hp.seed,
                 data.cache_keys.get("unlabeled"), dim, seed, settings, VERSION]
-    if _workers() > 1:  # read from a file (_corpus_file): other vectors than one worker's
+    if requested_threads() > 1:  # read from a file (_corpus_file): other vectors than one worker's
         identity.append("corpus_file")
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     stem = Path(hp.cache_dir) / f"word2vec-{key}"
@@ -166,31 +166,24 @@ def _train(data: Any, dim: int, seed: int, settings: dict[str, Any]) -> tuple[li
         def on_epoch_end(self, model: Any) -> None:
             self.bar.update(1)
 
-    workers = _workers()
+    workers = requested_threads()  # as many as torch's (training/cli.py)
     epochs, options = settings["epochs"], {k: v for k, v in settings.items() if k != "epochs"}
     model = Word2Vec(vector_size=dim, seed=seed, workers=workers, **options)
     started = time.monotonic()
     rank_zero_info("word2vec: counting the words of the training text" + " and the unlabelled text" * bool(
         data.hparams.unlabeled) + " ...")
-    with tempfile.TemporaryDirectory(dir=data.hparams.cache_dir) as scratch:
-        if workers > 1:  # see _corpus_file
+    with tempfile.TemporaryDirectory(dir=data.hparams.cache_dir) if workers > 1 else nullcontext() as scratch:
+        if scratch:  # several workers: see _corpus_file
             source = {"corpus_file": _corpus_file(data, Path(scratch) / "sentences.txt")}
-            model.build_vocab(**source)
-            length = {"total_words": model.corpus_total_words}
         else:
             source = {"corpus_iterable": _Sentences(data)}
-            model.build_vocab(**source)
-            length = {"total_examples": model.corpus_count}
+        model.build_vocab(**source)
+        length = {"total_words": model.corpus_total_words} if scratch else {"total_examples": model.corpus_count}
         with tqdm(total=epochs, desc=f"word2vec ({len(model.wv):,} words, {dim} dimensions)", unit="epoch") as bar:
             model.train(**source, **length, epochs=epochs, callbacks=[Progress(bar)])
     rank_zero_info(f"word2vec: {len(model.wv):,} words from {model.corpus_count:,} sentences, {epochs} passes in "
                    f"{time.monotonic() - started:.1f} s")
     return list(model.wv.index_to_key), np.asarray(model.wv.vectors, dtype=np.float32)
-
-
-def _workers() -> int:
-    """gensim's worker threads: as many as torch gets (training/cli.py)."""
-    return int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cores()
 
 
 def _corpus_file(data: Any, path: Path) -> str:
