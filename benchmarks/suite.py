@@ -118,6 +118,8 @@ def result(name: str, vectors: str, run: Path) -> dict[str, Any]:
         "baseline_test": (baseline.get("test") or {}).get(key),
         "epochs": metadata.get("epochs"), "fit_s": timing.get("seconds"),
         "faithfulness_s": faith.get("seconds"), "faithfulness_documents": faith.get("documents"),
+        "han_alone_test": metrics["test"].get(f"han_alone_{key}", metrics["test"][key]),
+        "han_share": (metadata.get("ngram_head") or {}).get("han_share", 1.0),
     }
 
 
@@ -172,7 +174,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         return "-" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
 
     lines = ["| setting | vectors | metric | HAN test | baseline test | HAN - baseline | HAN val | baseline val "
-             "| epochs | fit (s) | faithfulness (s, docs) |", "|" + " --- |" * 11]
+             "| HAN share | HAN alone test | epochs | fit (s) | faithfulness (s, docs) |", "|" + " --- |" * 13]
     for r in rows:
         diff = None if r["baseline_test"] is None else r["han_test"] - r["baseline_test"]
         share = (f"{r['faithfulness_s']:.0f}, {r['faithfulness_documents']}" if r["faithfulness_s"] is not None
@@ -180,7 +182,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['setting']} | {r['vectors']} | {r['metric']} | {f(r['han_test'])} "
                      f"| {f(r['baseline_test'])} "
                      f"| {'-' if diff is None else f'{diff:+.4f}'} | {f(r['han_validation'])} "
-                     f"| {f(r['baseline_validation'])} | {f(r['epochs'])} | {f(r['fit_s'])} | {share} |")
+                     f"| {f(r['baseline_validation'])} | {r.get('han_share', 1.0):.2f} "
+                     f"| {f(r.get('han_alone_test', r['han_test']))} | {f(r['epochs'])} | {f(r['fit_s'])} | {share} |")
     return "\n".join(lines)
 
 

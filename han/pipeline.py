@@ -143,10 +143,12 @@ class Pipeline:
                 raise InvalidDocumentError(i, EMPTY_REASON)
             else:
                 out[i] = DocumentError(i, EMPTY_REASON)
+        head = self.saved.ngrams
+        head_probs = None if head is None else head.probabilities(texts[i] for i in kept)  # type: ignore[misc]
         for chunk, output in self.forward([self.encode(s) for s in segments], method):
             if logits is not None:
                 logits[[kept[k] for k in chunk]] = output.logits.numpy()
-            probs = self.scores(output.logits)
+            probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
             sentence_weights = output.sentence_weights.numpy() if explain else None
             word_weights = output.word_weights.numpy() if explain else None
             for row, k in enumerate(chunk):
@@ -154,6 +156,8 @@ class Pipeline:
                 if explain is not None:
                     result.method = method
                     self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
+                    if head is not None:
+                        result.top_ngrams = head.evidence(texts[kept[k]], self.labels.index(result.label))  # type: ignore[arg-type]
                 out[kept[k]] = result
             if progress is not None:
                 progress("classify", len(chunk))
@@ -196,11 +200,14 @@ class Pipeline:
                 logits, sentence_weights, word_weights = attribute(self.model, batch, method)
                 yield chunk, HANOutput(logits, word_weights, sentence_weights)
 
-    def scores(self, logits: torch.Tensor) -> np.ndarray:
-        """Calibrated label probabilities [documents, labels]: of logits / the model's temperature."""
+    def scores(self, logits: torch.Tensor, head: np.ndarray | None = None) -> np.ndarray:
+        """Calibrated label probabilities [documents, labels]: of logits / the model's temperature,
+        averaged with ``head``, the n-gram head's probabilities of the same documents, when given."""
         t = self.saved.temperature
-        probs = self.model.probabilities(logits / t if t != 1.0 else logits)
-        return np.round(probs.numpy().astype(np.float64), DECIMALS)
+        probs = self.model.probabilities(logits / t if t != 1.0 else logits).numpy().astype(np.float64)
+        if head is not None:
+            probs = self.saved.ngrams.mix(probs, head)  # type: ignore[union-attr]
+        return np.round(probs, DECIMALS)
 
     def decide(self, probs: list[float], truncated: bool) -> DocumentResult:
         """The top label and the chosen labels (at or over the threshold if multi-label, else the top one)."""

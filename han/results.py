@@ -30,6 +30,18 @@ class WordWeight:
 
 
 @dataclass
+class NgramWeight:
+    """An n-gram of the document and what it added to the label in the model's n-gram head."""
+
+    __pydantic_config__ = {"use_attribute_docstrings": True}  # noqa: RUF012
+
+    text: str
+    """The n-gram (one or two words), lowercased as the head reads it."""
+    weight: float
+    """Its tf-idf value times the head's weight for the label: signed, positive for the label."""
+
+
+@dataclass
 class SentenceWeight:
     """A sentence, its weight in the explanation and, in a full explanation, its words."""
 
@@ -71,6 +83,10 @@ class DocumentResult:
     """Top-k explanation: the heaviest sentences, heaviest first (absent unless asked for)."""
     top_words: list[WordWeight] | None = None
     """Top-k explanation: the heaviest words of the whole document, heaviest first (absent unless asked for)."""
+    top_ngrams: list[NgramWeight] | None = None
+    """With an explanation, for a model with an n-gram head (its share of the scores is in GET /model):
+    the n-grams that moved the head toward or away from the label most, heaviest first. The sentence and
+    word weights explain the HAN's share."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""A model directory: ``config.json``, ``vocab.json``, ``labels.json``, ``model.safetensors``.
+"""A model directory: ``config.json``, ``vocab.json``, ``labels.json``, ``model.safetensors`` and,
+when the fit kept an n-gram head beside the HAN (han.ngrams), ``ngram_head.safetensors``.
 
 Plain tensors and JSON only; nothing is pickled, so loading a model runs no code from it.
 """
@@ -14,6 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from han.model import HAN, HANConfig
+from han.ngrams import NgramHead
 from han.segment import LanguageError, SegmenterConfig, check_language
 from han.vocab import Vocabulary
 
@@ -39,6 +41,7 @@ class SavedModel:
     threshold: float = 0.5  # multi-label decision threshold
     temperature: float = 1.0  # scores are probabilities of logits / temperature (han.calibration)
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form: dataset, metrics, dates
+    ngrams: NgramHead | None = None  # averaged with the HAN's scores when the fit kept it (han.ngrams)
 
     def save(self, directory: str | Path) -> Path:
         """Write the model directory (created if needed) and return its path."""
@@ -52,11 +55,16 @@ class SavedModel:
             "temperature": self.temperature,
             "metadata": self.metadata,
         }
+        if self.ngrams is not None:
+            config["ngram_head"] = {"han_share": self.ngrams.han_share, "ngrams": self.ngrams.size}
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
         self.vocab.save(directory / VOCAB_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        (directory / NgramHead.FILE).unlink(missing_ok=True)
+        if self.ngrams is not None:
+            self.ngrams.save(directory)
         return directory
 
     @classmethod
@@ -104,7 +112,23 @@ class SavedModel:
         except (SafetensorError, RuntimeError, OSError) as e:
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
         model.eval()
-        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}))
+        ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels))
+        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams)
+
+
+def _ngram_head(directory: Path, entry: Any, labels: int) -> NgramHead | None:
+    """The n-gram head the config names, or None; a missing or mismatched file raises ModelDirectoryError."""
+    if entry is None:
+        return None
+    path = directory / NgramHead.FILE
+    _require(path)
+    try:
+        head = NgramHead.load(directory, float(entry["han_share"]))
+    except (SafetensorError, KeyError, TypeError, ValueError, OSError) as e:
+        raise ModelDirectoryError(f"{path}: unreadable n-gram head ({e})") from e
+    if head.coef.shape[0] != labels:
+        raise ModelDirectoryError(f"{path}: {head.coef.shape[0]} labels but the model has {labels}")
+    return head
 
 
 def _require(path: Path) -> None:

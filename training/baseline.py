@@ -93,9 +93,10 @@ def labelled_training_split(data: Any) -> tuple[list[str], np.ndarray]:
     return data.texts("train")[:human], data.splits["train"].targets.numpy()[:human]
 
 
-def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -> dict[str, Any]:
+def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -> tuple[dict[str, Any], Baseline]:
     """Train the baseline on the datamodule's labelled training split and score it on ``splits``:
-    the ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``)."""
+    the ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``), and the
+    fitted baseline (the n-gram head's source, training.ngram_head)."""
     texts, targets = labelled_training_split(data)
     rank_zero_info(f"baseline ({MODEL}) on {len(texts):,} training documents ...")
     start = time.perf_counter()
@@ -111,15 +112,21 @@ def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -
         texts = data.texts(split)
         with Step(f"baseline scoring {split}", len(texts)) as step:
             summary[split] = baseline.scores(texts, data.splits[split].targets.numpy(), step.update)
-    return summary
+    return summary, baseline
 
 
 def side_by_side(split: str, han: dict[str, float], baseline: dict[str, float]) -> str:
-    """The log's table: each of the baseline's metrics, the HAN's and the baseline's figure, and their difference."""
-    lines = [f"{split}: HAN against the baseline ({MODEL})", f"{'':>12} {'HAN':>7} {'baseline':>9} {'difference':>11}"]
+    """The log's table: each of the baseline's metrics, the model's and the baseline's figure, and
+    their difference (and the HAN alone's, when the model averages it with an n-gram head)."""
+    head = " (the HAN averaged with its n-gram head)" if "han_alone_accuracy" in han else ""
+    lines = [f"{split}: HAN against the baseline ({MODEL}){head}",
+             f"{'':>12} {'HAN':>7} {'baseline':>9} {'difference':>11}"]
     for key, theirs in baseline.items():
         if isinstance(theirs, float) and key in han:
             lines.append(f"{key:>12} {han[key]:>7.4f} {theirs:>9.4f} {han[key] - theirs:>+11.4f}")
+    if "han_alone_accuracy" in han:
+        lines.append(f"the HAN alone: accuracy {han['han_alone_accuracy']:.4f}, "
+                     f"macro_f1 {han['han_alone_macro_f1']:.4f}")
     return "\n".join(lines)
 
 

@@ -21,12 +21,13 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info
 
-from han.calibration import fit_temperature
+from han.calibration import fit_temperature, probabilities
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
 from training.baseline import MODEL as BASELINE_MODEL
-from training.baseline import advice, run_baseline, side_by_side
+from training.baseline import Baseline, advice, run_baseline, side_by_side
 from training.faithfulness_report import faithfulness_report
+from training.ngram_head import choose_head
 from training.progress import Step, show_in
 from training.report import best_threshold, evaluate, headline, write_report
 
@@ -76,11 +77,15 @@ class ExportModel(pl.Callback):
         baseline: also train TF-IDF 1-2 grams + logistic regression on the same labelled training
             documents (seconds) and report it beside the model on the same splits and metrics, so
             every run says whether the HAN is worth its cost (see training.baseline).
+        ngram_head: single-label, with the baseline: keep it beside the HAN as an n-gram head when
+            averaging the two models' probabilities scores better on validation, with the HAN's share
+            chosen there (training.ngram_head); every caller's scores are then the average.
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
                  threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
-                 faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1) -> None:
+                 faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1,
+                 ngram_head: bool = True) -> None:
         if faithfulness < 0 or faithfulness_tau < 0:
             raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
         if faithfulness_budget is not None and not faithfulness_budget > 0:
@@ -97,6 +102,8 @@ class ExportModel(pl.Callback):
         self.faithfulness_budget = faithfulness_budget
         self._fit_started: float | None = None  # the faithfulness budget's clock (fit only)
         self.baseline = baseline
+        self.ngram_head = ngram_head
+        self._validation_logits: np.ndarray | None = None  # the HAN's, from calibration: the head's choice reuses them
         self.tag: str | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -120,7 +127,10 @@ class ExportModel(pl.Callback):
             monitor = trainer.checkpoint_callback.monitor
             metrics["validation_loss" if monitor == "val/loss" else "validation_score"] = round(float(best_score), 4)
         splits = [split for split in ("validation", "test") if split in data.splits]
-        baseline = self._baseline(data, splits)
+        baseline, fitted = self._baseline(data, splits)
+        if fitted is not None and self.ngram_head and not data.multi_label and "validation" in data.splits:
+            saved.ngrams, saved.metadata["ngram_head"] = choose_head(fitted, self._han_validation(saved, data),
+                                                                     *_split(data, "validation"))
         reports, faithfulness = self._measure(saved, data, splits, self._root(trainer) / "report", baseline)
         metrics.update((split, headline(report)) for split, report in reports.items())
         saved.metadata["metrics"] = metrics
@@ -142,18 +152,28 @@ class ExportModel(pl.Callback):
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
-            baseline = self._baseline(trainer.datamodule, ["test"])
+            baseline, _ = self._baseline(trainer.datamodule, ["test"])
             self._measure(saved, trainer.datamodule, ["test"], self._root(trainer) / "report", baseline)
 
-    def _baseline(self, data: Any, splits: list[str]) -> dict[str, Any] | None:
-        """The baseline's figures, or None: skipped, or failed (one line; the trained model is still saved)."""
+    def _baseline(self, data: Any, splits: list[str]) -> tuple[dict[str, Any] | None, Baseline | None]:
+        """The baseline's figures and the fitted baseline, or Nones: skipped, or failed (one line; the
+        trained model is still saved)."""
         if not self.baseline:
-            return None
+            return None, None
         try:
             return run_baseline(data, splits, self.threshold)
         except ValueError as e:  # scikit-learn's: an empty vocabulary, a single class in the training split
             rank_zero_info(f"baseline skipped: {e}")
-            return None
+            return None, None
+
+    def _han_validation(self, saved: SavedModel, data: Any) -> np.ndarray:
+        """The HAN's calibrated probabilities on the validation split (calibration's logits when it ran)."""
+        logits = self._validation_logits
+        if logits is None:
+            texts = data.texts("validation")
+            with Step("the HAN on validation", len(texts)) as step:
+                _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
+        return probabilities(logits, False, saved.temperature)
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pl_module.pipeline = Pipeline(self.saved_model(trainer, pl_module, best=False), batch_size=256)
@@ -182,6 +202,7 @@ class ExportModel(pl.Callback):
             texts, targets = _split(data, "validation")
             with Step("calibrating on validation", len(texts)) as step:
                 _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
+            self._validation_logits = logits if best else None
             saved.temperature = fit_temperature(logits, targets, net.config.multi_label)
             saved.metadata["temperature_from"] = "lowest negative log-likelihood on the validation split"
             rank_zero_info(f"calibration temperature: {saved.temperature:.4g}")

@@ -47,6 +47,10 @@ def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray,
         }
     index = {label: i for i, label in enumerate(labels)}
     predicted = np.array([index[r.label] for r in results])
+    if pipeline.saved.ngrams is not None:  # the HAN's own figures, beside those of its average with the head
+        alone = logits.argmax(1)
+        report["han_alone"] = {"accuracy": float(accuracy_score(targets, alone)),
+                               "macro_f1": float(f1_score(targets, alone, average="macro", zero_division=0))}
     return report | {
         "task": "single-label",
         "accuracy": float(accuracy_score(targets, predicted)),
@@ -104,7 +108,8 @@ def headline(report: dict[str, Any]) -> dict[str, float]:
     """The few numbers worth putting in model metadata."""
     keys = ("accuracy", "macro_f1") if report["task"] == "single-label" else ("micro_f1", "macro_f1", "exact_match")
     calibrated = report["calibration"]
-    return {k: round(report[k], 4) for k in keys} | {k: calibrated[k] for k in ("ece_before", "ece_after")}
+    alone = {f"han_alone_{k}": round(v, 4) for k, v in report.get("han_alone", {}).items()}
+    return {k: round(report[k], 4) for k in keys} | {k: calibrated[k] for k in ("ece_before", "ece_after")} | alone
 
 
 def write_report(report: dict[str, Any], directory: Path, title: str) -> Path:
