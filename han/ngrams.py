@@ -8,8 +8,9 @@ exported model keeps it as this head, and every caller's scores become
 
 It computes exactly what scikit-learn's ``TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)``
 and ``LogisticRegression.predict_proba`` compute, without scikit-learn: lowercase, the default token
-pattern, ``1 + log(count)`` times the idf, L2-normalised, then a softmax of the linear layer. The
-n-grams are kept as sorted 64-bit hashes, so the head is plain arrays (no word list to load).
+pattern, ``1 + log(count)`` times the idf, L2-normalised, then a softmax of the linear layer (a
+sigmoid per label for multi-label data, one-vs-rest). The n-grams are kept as sorted 64-bit hashes,
+so the head is plain arrays (no word list to load).
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ def ngram_hashes(unigrams: np.ndarray) -> np.ndarray:
 class NgramHead:
     """TF-IDF 1-2 grams and a linear layer over the model's labels (see the module docstring).
 
-    ``keys``: the n-gram hashes, sorted; ``idf``: one per key; ``coef``: [labels, keys], centred over
-    the labels (a softmax does not change, and a binary model's two rows are opposites);
-    ``intercept``: [labels]; ``han_share``: the HAN's weight in the averaged scores.
+    ``keys``: the n-gram hashes, sorted; ``idf``: one per key; ``coef``: [labels, keys] (single-label:
+    centred over the labels, which leaves the softmax as it is and makes a binary model's two rows
+    opposites); ``intercept``: [labels]; ``han_share``: the HAN's weight in the averaged scores;
+    ``multi_label``: a sigmoid per label instead of the softmax.
     """
 
     FILE = "ngram_head.safetensors"
 
     def __init__(self, keys: np.ndarray, idf: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
-                 han_share: float) -> None:
+                 han_share: float, multi_label: bool = False) -> None:
         if not (keys.ndim == 1 and idf.shape == keys.shape and coef.ndim == 2 and coef.shape[1] == len(keys)
                 and intercept.shape == (coef.shape[0],)):
             raise ValueError(f"mismatched n-gram head arrays: keys {keys.shape}, idf {idf.shape}, "
@@ -66,13 +68,14 @@ class NgramHead:
         self.coef = coef.astype(np.float64)
         self.intercept = intercept.astype(np.float64)
         self.han_share = float(han_share)
+        self.multi_label = multi_label
         self._hashes: dict[str, int] = {}
 
     @classmethod
     def from_ngrams(cls, ngrams: dict[str, int], idf: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
-                    han_share: float) -> NgramHead:
+                    han_share: float, multi_label: bool = False) -> NgramHead:
         """From a fitted vectoriser's ``vocabulary_`` (n-gram -> column) and the classifier's arrays
-        [labels, columns]: columns reordered by hash, coefficients centred over the labels."""
+        [labels, columns]: columns reordered by hash, single-label coefficients centred over the labels."""
         columns = np.fromiter(ngrams.values(), dtype=np.int64, count=len(ngrams))
         hashes = np.array([_ngram_hash(g) for g in ngrams], dtype=np.uint64)
         order = np.argsort(hashes, kind="stable")
@@ -80,8 +83,9 @@ class NgramHead:
             raise ValueError("two n-grams share a 64-bit hash")
         coef = np.asarray(coef, dtype=np.float64)[:, columns[order]]
         intercept = np.asarray(intercept, dtype=np.float64)
-        return cls(hashes[order], np.asarray(idf)[columns[order]], coef - coef.mean(0),
-                   intercept - intercept.mean(), han_share)
+        if not multi_label:
+            coef, intercept = coef - coef.mean(0), intercept - intercept.mean()
+        return cls(hashes[order], np.asarray(idf)[columns[order]], coef, intercept, han_share, multi_label)
 
     # -- reading documents -----------------------------------------------------------------------
     def _tokens(self, text: str) -> tuple[list[str], np.ndarray]:
@@ -115,8 +119,10 @@ class NgramHead:
         return np.array(rows, dtype=np.float64).reshape(-1, len(self.intercept))
 
     def probabilities(self, texts: Iterable[str]) -> np.ndarray:
-        """[documents, labels] probabilities of the head (a softmax of its logits)."""
+        """[documents, labels] probabilities of the head (a softmax of its logits; multi-label, a sigmoid)."""
         z = self.logits(texts)
+        if self.multi_label:
+            return 1.0 / (1.0 + np.exp(-z))
         z = np.exp(z - z.max(1, keepdims=True))
         return z / z.sum(1, keepdims=True)
 
@@ -142,9 +148,10 @@ class NgramHead:
         save_file(arrays, str(directory / self.FILE), metadata={"han_share": repr(self.han_share)})
 
     @classmethod
-    def load(cls, directory: Path, han_share: float) -> NgramHead:
+    def load(cls, directory: Path, han_share: float, multi_label: bool) -> NgramHead:
         arrays = load_file(str(directory / cls.FILE))
-        return cls(arrays["keys"].view(np.uint64), arrays["idf"], arrays["coef"], arrays["intercept"], han_share)
+        return cls(arrays["keys"].view(np.uint64), arrays["idf"], arrays["coef"], arrays["intercept"], han_share,
+                   multi_label)
 
     @property
     def size(self) -> int:

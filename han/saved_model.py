@@ -56,7 +56,8 @@ class SavedModel:
             "metadata": self.metadata,
         }
         if self.ngrams is not None:
-            config["ngram_head"] = {"han_share": self.ngrams.han_share, "ngrams": self.ngrams.size}
+            config["ngram_head"] = {"han_share": self.ngrams.han_share, "ngrams": self.ngrams.size,
+                                    "multi_label": self.ngrams.multi_label}
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
         self.vocab.save(directory / VOCAB_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")
@@ -112,18 +113,18 @@ class SavedModel:
         except (SafetensorError, RuntimeError, OSError) as e:
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
         model.eval()
-        ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels))
+        ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels), model_config.multi_label)
         return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams)
 
 
-def _ngram_head(directory: Path, entry: Any, labels: int) -> NgramHead | None:
+def _ngram_head(directory: Path, entry: Any, labels: int, multi_label: bool) -> NgramHead | None:
     """The n-gram head the config names, or None; a missing or mismatched file raises ModelDirectoryError."""
     if entry is None:
         return None
     path = directory / NgramHead.FILE
     _require(path)
     try:
-        head = NgramHead.load(directory, float(entry["han_share"]))
+        head = NgramHead.load(directory, float(entry["han_share"]), multi_label)
     except (SafetensorError, KeyError, TypeError, ValueError, OSError) as e:
         raise ModelDirectoryError(f"{path}: unreadable n-gram head ({e})") from e
     if head.coef.shape[0] != labels:

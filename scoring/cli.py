@@ -142,6 +142,7 @@ def _check_and_run(
         args.id_column is not None,
         source.id_is_int,
         args.explain,
+        saved.ngrams is not None,
     )
     try:
         fmt = formats.output_format(output, spec)

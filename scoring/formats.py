@@ -3,7 +3,8 @@ chunk of scored rows held as columns, and the three file formats a chunk is writ
 
 The columns are named after ``han.DocumentResult``'s fields (a test keeps them so): ``row``, ``id``
 (with --id-column), ``label``, ``labels`` (multi-label models), one ``score_<label>`` per label,
-``truncated``, and with --explain ``method``, ``top_sentences`` and ``top_words``."""
+``truncated``, and with --explain ``method``, ``top_sentences`` and ``top_words`` (and ``top_ngrams``
+for a model with an n-gram head)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 OUTPUT_FORMATS = (".parquet", ".jsonl", ".csv")
-PER_ROW = ("label", "labels", "truncated", "method", "top_sentences", "top_words")  # ScoredWindow's columns
+PER_ROW = ("label", "labels", "truncated", "method", "top_sentences", "top_words", "top_ngrams")  # ScoredWindow's
 EXPLANATION = ("method", "top_sentences", "top_words")  # written with --explain only
 
 
@@ -34,6 +35,7 @@ class ScoredWindow:
     method: list[str | None] = field(default_factory=list)
     top_sentences: list[list[dict] | None] = field(default_factory=list)
     top_words: list[list[dict] | None] = field(default_factory=list)
+    top_ngrams: list[list[dict] | None] = field(default_factory=list)
     errors: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -50,12 +52,13 @@ class OutputSpec:
     has_id: bool
     id_is_int: bool  # Parquet keeps an integer id column as int64; any other id is written as text
     explain: bool
+    ngrams: bool = False  # the model has an n-gram head: --explain adds its top n-grams
 
     def columns(self) -> list[str]:
         """The column names in file order."""
         names = ["row"] + (["id"] if self.has_id else []) + ["label"] + (["labels"] if self.multi_label else [])
         names += [f"score_{label}" for label in self.labels] + ["truncated"]
-        return names + (list(EXPLANATION) if self.explain else [])
+        return names + (list(EXPLANATION) + (["top_ngrams"] if self.ngrams else []) if self.explain else [])
 
 
 @dataclass
@@ -177,7 +180,8 @@ def arrow_schema(spec: OutputSpec) -> Any:
     span = pa.struct([("text", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight", pa.float64())])
     types = {"row": pa.int64(), "id": pa.int64() if spec.id_is_int else pa.string(), "label": pa.string(),
              "labels": pa.list_(pa.string()), "truncated": pa.bool_(), "method": pa.string(),
-             "top_sentences": pa.list_(span), "top_words": pa.list_(span)}
+             "top_sentences": pa.list_(span), "top_words": pa.list_(span),
+             "top_ngrams": pa.list_(pa.struct([("text", pa.string()), ("weight", pa.float64())]))}
     return pa.schema([pa.field(name, types.get(name, pa.float64())) for name in spec.columns()])
 
 

@@ -241,7 +241,8 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
 
     id_type = schema.types[names.index(args.id_column)]
     id_is_int = isinstance(id_type, pa.DataType) and pa.types.is_integer(id_type)
-    spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int, args.explain)
+    spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int, args.explain,
+                      saved.ngrams is not None)
     options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
     # Ray Data's read already splits the input into blocks for the cluster's parallelism (about 1 MiB

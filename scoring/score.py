@@ -48,6 +48,8 @@ def score_texts(pipeline: Pipeline, texts: list[Any], options: ScoringOptions) -
         out.method.append(r.method)
         out.top_sentences.append(span_records(r.top_sentences) if r.top_sentences is not None else None)
         out.top_words.append(span_records(r.top_words) if r.top_words is not None else None)
+        out.top_ngrams.append(None if r.top_ngrams is None else [{"text": n.text, "weight": n.weight}
+                                                                  for n in r.top_ngrams])
     return out
 
 

@@ -80,6 +80,11 @@ class ModelInfo(BaseModel):
         description="TF-IDF + logistic regression trained on the same labelled documents, scored on the same splits "
         "with the same metrics as `metrics` (and, when it scored above the model on validation, `advice`), if recorded."
     )
+    ngram_head: dict[str, Any] | None = Field(
+        description="When the fit kept its TF-IDF baseline as an n-gram head beside the HAN (averaging the two scored "
+        "better on validation): every score is han_share x the HAN's + (1 - han_share) x the head's; with the "
+        "validation accuracy of each and of the average, and the head's n-gram count. Null: the HAN alone."
+    )
     faithfulness: dict[str, Any] | None = Field(
         description="How faithful each explanation method was on held-out data, if measured: each measure, the random "
         "ranking's, and their ratio (x_random) with a bootstrap interval over the documents."
@@ -130,6 +135,8 @@ def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo
         dataset=next((str(meta[key]) for key in ("dataset", "train_data") if meta.get(key) is not None), None),
         metrics=metrics,
         baseline=meta["baseline"] if isinstance(meta.get("baseline"), dict) else None,
+        ngram_head=meta["ngram_head"] if saved.ngrams is not None and isinstance(meta.get("ngram_head"), dict)
+        else None,
         faithfulness=meta["faithfulness"] if isinstance(meta.get("faithfulness"), dict) else None,
         explanation_methods=list(METHODS),
         metadata=meta,

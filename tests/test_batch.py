@@ -83,7 +83,7 @@ def read_output(path: Path) -> list[dict]:
                 elif key == "truncated":
                     assert value in ("True", "False")
                     row[key] = value == "True"
-                elif key in ("labels", "top_sentences", "top_words"):
+                elif key in ("labels", "top_sentences", "top_words", "top_ngrams"):
                     row[key] = json.loads(value)
                 else:
                     row[key] = value
@@ -196,6 +196,26 @@ def test_parity_with_the_pipeline_including_explanations(tmp_path: Path, tiny_mo
             assert got["weight"] == pytest.approx(weight, abs=2e-6)
             assert got["text"] == r["text"][got["start"] : got["end"]]
         assert {(w["start"], w["end"]) for w in o["top_words"]} == {(w.start, w.end) for _, w in words}
+
+
+def test_a_model_with_an_ngram_head_writes_its_ngrams_with_explain(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from han import SavedModel
+    from tests.tiny_model import with_ngram_head
+
+    model = with_ngram_head(SavedModel.load(tiny_model_dir), 0.3).save(tmp_path / "model")
+    rows = input_rows()
+    source = write_input(tmp_path / "in.jsonl", rows)
+    expected = [p for p in Pipeline.from_directory(model)([r["text"] for r in rows], explain=TopK(), errors="return")
+                if hasattr(p, "scores")]  # the bad rows go to the errors file
+    for suffix in (".jsonl", ".parquet", ".csv"):
+        output = tmp_path / f"out{suffix}"
+        assert score(source, output, model, "--explain", "--workers", "1") == 0
+        out = read_output(output)
+        assert [o["score_pos"] for o in out] == pytest.approx([p.scores["pos"] for p in expected], abs=1e-6)
+        assert [o["top_ngrams"] for o in out] == [[{"text": n.text, "weight": n.weight} for n in p.top_ngrams]
+                                                 for p in expected]
+    assert score(source, tmp_path / "plain.parquet", model, "--workers", "1") == 0
+    assert "top_ngrams" not in pq.read_table(tmp_path / "plain.parquet").column_names
 
 
 def test_explanations_are_the_same_in_every_output_format(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -555,7 +575,7 @@ def test_the_output_columns_are_named_after_the_result_fields() -> None:
     from scoring.formats import OutputSpec, ScoredWindow
 
     result_fields = [f.name for f in fields(DocumentResult)]
-    spec = OutputSpec(["neg", "pos"], multi_label=True, has_id=True, id_is_int=False, explain=True)
+    spec = OutputSpec(["neg", "pos"], multi_label=True, has_id=True, id_is_int=False, explain=True, ngrams=True)
     named = [c for c in spec.columns() if c not in ("row", "id") and not c.startswith("score_")]
     assert named == [f for f in result_fields if f not in ("scores", "sentences")]
     assert set(named) | {"scores"} <= {f.name for f in fields(ScoredWindow)}

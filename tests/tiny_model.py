@@ -51,3 +51,17 @@ def train_tiny_model(
         losses.append(loss.item())
     model.eval()
     return SavedModel(model, vocab, labels, seg_config, metadata={"dataset": "fixture"}), losses
+
+
+def with_ngram_head(saved: SavedModel, han_share: float) -> SavedModel:
+    """``saved`` with an n-gram head (han.ngrams) learned from the fixture reviews, at ``han_share``."""
+    import numpy as np
+
+    from training.baseline import train_baseline
+    from training.ngram_head import head_from_baseline
+
+    rows = read_jsonl("reviews.jsonl")
+    targets = np.array([saved.labels.index(r["label"]) for r in rows])
+    baseline = train_baseline([r["text"] for r in rows], targets, multi_label=False)
+    saved.ngrams = head_from_baseline(baseline, len(saved.labels), han_share)
+    return saved

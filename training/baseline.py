@@ -118,15 +118,15 @@ def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -
 def side_by_side(split: str, han: dict[str, float], baseline: dict[str, float]) -> str:
     """The log's table: each of the baseline's metrics, the model's and the baseline's figure, and
     their difference (and the HAN alone's, when the model averages it with an n-gram head)."""
-    head = " (the HAN averaged with its n-gram head)" if "han_alone_accuracy" in han else ""
+    alone = {key.removeprefix("han_alone_"): value for key, value in han.items() if key.startswith("han_alone_")}
+    head = " (the HAN averaged with its n-gram head)" if alone else ""
     lines = [f"{split}: HAN against the baseline ({MODEL}){head}",
              f"{'':>12} {'HAN':>7} {'baseline':>9} {'difference':>11}"]
     for key, theirs in baseline.items():
         if isinstance(theirs, float) and key in han:
             lines.append(f"{key:>12} {han[key]:>7.4f} {theirs:>9.4f} {han[key] - theirs:>+11.4f}")
-    if "han_alone_accuracy" in han:
-        lines.append(f"the HAN alone: accuracy {han['han_alone_accuracy']:.4f}, "
-                     f"macro_f1 {han['han_alone_macro_f1']:.4f}")
+    if alone:
+        lines.append("the HAN alone: " + ", ".join(f"{key} {value:.4f}" for key, value in alone.items()))
     return "\n".join(lines)
 
 

@@ -128,9 +128,7 @@ class ExportModel(pl.Callback):
             metrics["validation_loss" if monitor == "val/loss" else "validation_score"] = round(float(best_score), 4)
         splits = [split for split in ("validation", "test") if split in data.splits]
         baseline, fitted = self._baseline(data, splits)
-        if fitted is not None and self.ngram_head and not data.multi_label and "validation" in data.splits:
-            saved.ngrams, saved.metadata["ngram_head"] = choose_head(fitted, self._han_validation(saved, data),
-                                                                     *_split(data, "validation"))
+        self._choose_head(saved, data, fitted)
         reports, faithfulness = self._measure(saved, data, splits, self._root(trainer) / "report", baseline)
         metrics.update((split, headline(report)) for split, report in reports.items())
         saved.metadata["metrics"] = metrics
@@ -152,7 +150,8 @@ class ExportModel(pl.Callback):
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and trainer.state.fn == "test":
             saved = self.saved_model(trainer, pl_module, best=False)
-            baseline, _ = self._baseline(trainer.datamodule, ["test"])
+            baseline, fitted = self._baseline(trainer.datamodule, ["test"])
+            self._choose_head(saved, trainer.datamodule, fitted)
             self._measure(saved, trainer.datamodule, ["test"], self._root(trainer) / "report", baseline)
 
     def _baseline(self, data: Any, splits: list[str]) -> tuple[dict[str, Any] | None, Baseline | None]:
@@ -166,17 +165,30 @@ class ExportModel(pl.Callback):
             rank_zero_info(f"baseline skipped: {e}")
             return None, None
 
-    def _han_validation(self, saved: SavedModel, data: Any) -> np.ndarray:
-        """The HAN's calibrated probabilities on the validation split (calibration's logits when it ran)."""
+    def _choose_head(self, saved: SavedModel, data: Any, fitted: Baseline | None) -> None:
+        """Give ``saved`` the baseline as an n-gram head when averaging scores better on validation (as
+        ``fit`` exports it: ``test`` and ``predict`` then measure and predict with the same model); a
+        multi-label model then decides at the threshold chosen with the share."""
+        if fitted is None or not self.ngram_head or "validation" not in data.splits:
+            return
+        multi_label = saved.model.config.multi_label
+        texts, targets = _split(data, "validation")
         logits = self._validation_logits
         if logits is None:
-            texts = data.texts("validation")
             with Step("the HAN on validation", len(texts)) as step:
                 _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
-        return probabilities(logits, False, saved.temperature)
+        han = probabilities(logits, multi_label, saved.temperature)
+        saved.ngrams, saved.metadata["ngram_head"] = choose_head(fitted, han, texts, targets, self.threshold)
+        if saved.ngrams is not None and multi_label:
+            saved.threshold = saved.metadata["ngram_head"]["threshold"]
+            saved.metadata["threshold_from"] = "chosen with the n-gram head's share on the validation split"
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        pl_module.pipeline = Pipeline(self.saved_model(trainer, pl_module, best=False), batch_size=256)
+        saved = self.saved_model(trainer, pl_module, best=False)
+        if self.baseline and self.ngram_head:
+            _, fitted = self._baseline(trainer.datamodule, [])
+            self._choose_head(saved, trainer.datamodule, fitted)
+        pl_module.pipeline = Pipeline(saved, batch_size=256)
 
     def saved_model(self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: bool) -> SavedModel:
         """The model as exported: the module's network (the best checkpoint's weights if ``best``),
@@ -198,11 +210,12 @@ class ExportModel(pl.Callback):
             "hyperparameters": dict(pl_module.hparams),
         }
         saved = SavedModel(net, data.vocab, list(data.label_names), data.segmenter_config, metadata=metadata)
+        self._validation_logits = None
         if self.calibrate and "validation" in data.splits:
             texts, targets = _split(data, "validation")
             with Step("calibrating on validation", len(texts)) as step:
                 _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
-            self._validation_logits = logits if best else None
+            self._validation_logits = logits
             saved.temperature = fit_temperature(logits, targets, net.config.multi_label)
             saved.metadata["temperature_from"] = "lowest negative log-likelihood on the validation split"
             rank_zero_info(f"calibration temperature: {saved.temperature:.4g}")

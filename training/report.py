@@ -31,10 +31,16 @@ def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray,
         "results": results,
         "calibration": calibration_report(logits, targets, pipeline.multi_label, pipeline.saved.temperature),
     }
+    head = pipeline.saved.metadata.get("ngram_head") if pipeline.saved.ngrams is not None else None
     if pipeline.multi_label:
         predicted = np.array([[label in r.labels for label in labels] for r in results], dtype=bool)
         truth = targets.astype(bool)
         per_label = f1_score(truth, predicted, average=None, zero_division=0)
+        if head is not None:  # the HAN's own figures at its own threshold, beside its average with the head
+            alone = calibration.probabilities(logits, True, pipeline.saved.temperature) >= head["han_threshold"]
+            report["han_alone"] = {key: float(f1_score(truth, alone, average=key.removesuffix("_f1"), zero_division=0))
+                                   for key in ("micro_f1", "macro_f1")} | {
+                                       "exact_match": float(accuracy_score(truth, alone))}
         return report | {
             "task": "multi-label",
             "micro_f1": float(f1_score(truth, predicted, average="micro", zero_division=0)),
@@ -47,7 +53,7 @@ def evaluate(pipeline: Pipeline, texts: list[str], targets: np.ndarray,
         }
     index = {label: i for i, label in enumerate(labels)}
     predicted = np.array([index[r.label] for r in results])
-    if pipeline.saved.ngrams is not None:  # the HAN's own figures, beside those of its average with the head
+    if head is not None:  # the HAN's own figures, beside those of its average with the head
         alone = logits.argmax(1)
         report["han_alone"] = {"accuracy": float(accuracy_score(targets, alone)),
                                "macro_f1": float(f1_score(targets, alone, average="macro", zero_division=0))}
