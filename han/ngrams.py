@@ -91,7 +91,7 @@ class NgramHead:
     def _tokens(self, text: str) -> tuple[list[str], np.ndarray]:
         tokens = TOKEN.findall(text.lower())
         cache = self._hashes
-        if len(cache) > 200_000:
+        if len(cache) > 50_000:  # about 8 MB; a miss costs one blake2b of the token
             cache.clear()
         hashes = [cache.get(t) for t in tokens]
         for i, h in enumerate(hashes):

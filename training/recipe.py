@@ -128,12 +128,13 @@ def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, langua
                      "titles and 20 Newsgroups subject lines: from behind the TF-IDF baseline to ahead of it): "
                      + public)
     if p.few_labels and not p.short_texts:
-        lines.append("few labelled documents: TF-IDF + logistic regression is hard to beat here (IMDB at 1,000 and "
-                     "2,000 labels: 1 to 2 points ahead of this recipe, GloVe 50d no help); more labels, or "
+        lines.append("few labelled documents: TF-IDF + logistic regression is hard to beat here; the export averages "
+                     "the HAN with it (an n-gram head) when that scores better on validation (IMDB at 1,000 labels: "
+                     "0.858 against the baseline's 0.841, the HAN alone 0.818); more labels, or "
                      + ("self-training on your unlabelled text (--config data/configs/small_data.yaml: 2,000 IMDB "
                         "labels 0.886 against 0.864)" if unlabeled and not p.multi_label
                         else "unlabelled text of the same kind (--data.unlabeled with --config "
-                             "data/configs/small_data.yaml), close the gap"))
+                             "data/configs/small_data.yaml)") + ", improve the HAN itself")
     return lines
 
 
