@@ -183,7 +183,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"| {f(r['baseline_test'])} "
                      f"| {'-' if diff is None else f'{diff:+.4f}'} | {f(r['han_validation'])} "
                      f"| {f(r['baseline_validation'])} | {r.get('han_share', 1.0):.2f} "
-                     f"| {f(r.get('han_alone_test', r['han_test']))} | {f(r['epochs'])} | {f(r['fit_s'])} | {share} |")
+                     f"| {f(r.get('han_alone_test', r['han_test']))} | {f(r['epochs'])} "
+                     f"| {'-' if r['fit_s'] is None else round(r['fit_s'])} | {share} |")
     return "\n".join(lines)
 
 
