@@ -153,8 +153,7 @@ def test_a_fit_keeps_the_head_when_it_helps_and_test_and_predict_use_it(tmp_path
     main(["test", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
           str(tmp_path / "cache"), "--ckpt_path", saved.metadata["checkpoint"], *weak])
     assert json.loads((root / "report" / "test" / "metrics.json").read_text())["han_alone"] == metrics["han_alone"]
-    off = fit(tmp_path / "off", *weak, "--export.ngram_head", "false")
-    assert SavedModel.load(off / "model").ngrams is None and "ngram_head" not in SavedModel.load(off / "model").metadata
+    # --export.ngram_head false: test_training's EMA and threshold tests, whose weak HANs a head would rescue
 
 
 def test_a_multi_label_fit_decides_at_the_threshold_chosen_with_the_share(tmp_path: Path) -> None:
