@@ -88,16 +88,20 @@ class NgramHead:
         return cls(hashes[order], np.asarray(idf)[columns[order]], coef, intercept, han_share, multi_label)
 
     # -- reading documents -----------------------------------------------------------------------
-    def _tokens(self, text: str) -> tuple[list[str], np.ndarray]:
-        tokens = TOKEN.findall(text.lower())
+    def _hashes_of(self, tokens: list[str]) -> list[int]:
         cache = self._hashes
         if len(cache) > 50_000:  # about 8 MB; a miss costs one blake2b of the token
             cache.clear()
         hashes = [cache.get(t) for t in tokens]
-        for i, h in enumerate(hashes):
-            if h is None:
-                hashes[i] = cache[tokens[i]] = token_hash(tokens[i])
-        return tokens, np.array(hashes, dtype=np.uint64)
+        if None in hashes:
+            for i, h in enumerate(hashes):
+                if h is None:
+                    hashes[i] = cache[tokens[i]] = token_hash(tokens[i])
+        return hashes  # type: ignore[return-value]
+
+    def _tokens(self, text: str) -> tuple[list[str], np.ndarray]:
+        tokens = TOKEN.findall(text.lower())
+        return tokens, np.array(self._hashes_of(tokens), dtype=np.uint64)
 
     def features(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(columns, tf-idf values, first position of each n-gram) of the document's known n-grams."""
@@ -110,13 +114,42 @@ class NgramHead:
         norm = math.sqrt(float(values @ values))
         return columns, values / norm if norm else values, known[first]
 
-    def logits(self, texts: Iterable[str]) -> np.ndarray:
-        """[documents, labels] logits of the head."""
-        rows = []
+    def logits(self, texts: Iterable[str], chunk: int = 256) -> np.ndarray:
+        """[documents, labels] logits of the head: ``features`` for ``chunk`` documents at a time in a
+        few array operations (a handful of numpy calls per document cost more than the arithmetic)."""
+        texts = list(texts)
+        out = np.empty((len(texts), len(self.intercept)))
+        for start in range(0, len(texts), chunk):
+            out[start : start + chunk] = self._chunk_logits(texts[start : start + chunk])
+        return out
+
+    def _chunk_logits(self, texts: list[str]) -> np.ndarray:
+        hashes: list[int] = []
+        lengths = []
         for text in texts:
-            columns, values, _ = self.features(text)
-            rows.append(self.coef[:, columns] @ values + self.intercept)
-        return np.array(rows, dtype=np.float64).reshape(-1, len(self.intercept))
+            tokens = TOKEN.findall(text.lower())
+            hashes += self._hashes_of(tokens)
+            lengths.append(len(tokens))
+        n = len(texts)
+        out = np.tile(self.intercept, (n, 1))
+        if not hashes or not len(self.keys):
+            return out
+        unigrams = np.array(hashes, dtype=np.uint64)
+        doc = np.repeat(np.arange(n), lengths)
+        inside = doc[:-1] == doc[1:]  # a 2-gram never spans two documents
+        with np.errstate(over="ignore"):
+            bigrams = unigrams[:-1][inside] * MIX + unigrams[1:][inside]
+        grams, owner = np.concatenate([unigrams, bigrams]), np.concatenate([doc, doc[:-1][inside]])
+        where = np.minimum(np.searchsorted(self.keys, grams), len(self.keys) - 1)
+        known = self.keys[where] == grams
+        pairs, counts = np.unique(owner[known] * len(self.keys) + where[known], return_counts=True)
+        rows, columns = pairs // len(self.keys), pairs % len(self.keys)
+        values = (1.0 + np.log(counts)) * self.idf[columns]
+        norms = np.sqrt(np.bincount(rows, values * values, minlength=n))
+        values = values / norms[rows]
+        for label in range(out.shape[1]):
+            out[:, label] += np.bincount(rows, self.coef[label, columns] * values, minlength=n)
+        return out
 
     def probabilities(self, texts: Iterable[str]) -> np.ndarray:
         """[documents, labels] probabilities of the head (a softmax of its logits; multi-label, a sigmoid)."""

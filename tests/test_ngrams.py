@@ -41,6 +41,12 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
     full = np.zeros((len(scored), len(labels)))
     full[:, baseline.classifier.classes_] = expected
     np.testing.assert_allclose(head.probabilities(scored), full, atol=1e-9)
+    # the explanation's n-gram weights are the logit, term by term (the batched logits, one document at a time)
+    logits = head.logits(scored[:20])
+    for text, row in zip(scored[:20], logits, strict=True):
+        for label in range(len(labels)):
+            terms = sum(n.weight for n in head.evidence(text, label, top=10**9))
+            assert terms + head.intercept[label] == pytest.approx(row[label], abs=1e-4)
 
 
 def test_a_multi_label_head_computes_what_one_vs_rest_computes(shared_datasets: Path) -> None:
