@@ -103,20 +103,22 @@ class NgramHead:
         tokens = TOKEN.findall(text.lower())
         return tokens, np.array(self._hashes_of(tokens), dtype=np.uint64)
 
-    def features(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(columns, tf-idf values, first position of each n-gram) of the document's known n-grams."""
-        _, unigrams = self._tokens(text)
+    def features(self, text: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The document's tokens and, for its known n-grams: columns, tf-idf values, and where each
+        first occurs among its 1-grams then 2-grams (an index ``i`` past the tokens is the 2-gram of
+        tokens ``i - len(tokens)`` and the one after it). One document at a time, for ``evidence``."""
+        tokens, unigrams = self._tokens(text)
         grams = ngram_hashes(unigrams)
         where = np.minimum(np.searchsorted(self.keys, grams), max(len(self.keys) - 1, 0))
         known = np.flatnonzero(self.keys[where] == grams) if len(self.keys) else np.zeros(0, dtype=np.int64)
         columns, first, counts = np.unique(where[known], return_index=True, return_counts=True)
         values = (1.0 + np.log(counts)) * self.idf[columns]
         norm = math.sqrt(float(values @ values))
-        return columns, values / norm if norm else values, known[first]
+        return tokens, columns, values / norm if norm else values, known[first]
 
     def logits(self, texts: Iterable[str], chunk: int = 256) -> np.ndarray:
-        """[documents, labels] logits of the head: ``features`` for ``chunk`` documents at a time in a
-        few array operations (a handful of numpy calls per document cost more than the arithmetic)."""
+        """[documents, labels] logits of the head: what ``features`` gives, for ``chunk`` documents at a
+        time in a few array operations (a handful of numpy calls per document cost more than the arithmetic)."""
         texts = list(texts)
         out = np.empty((len(texts), len(self.intercept)))
         for start in range(0, len(texts), chunk):
@@ -125,7 +127,7 @@ class NgramHead:
 
     def _chunk_logits(self, texts: list[str]) -> np.ndarray:
         hashes: list[int] = []
-        lengths = []
+        lengths: list[int] = []
         for text in texts:
             tokens = TOKEN.findall(text.lower())
             hashes += self._hashes_of(tokens)
@@ -165,8 +167,7 @@ class NgramHead:
 
     def evidence(self, text: str, label: int, top: int = TOP_NGRAMS) -> list[NgramWeight]:
         """The ``top`` n-grams that moved the head's logit for ``label`` most (by magnitude), heaviest first."""
-        tokens, _ = self._tokens(text)
-        columns, values, positions = self.features(text)
+        tokens, columns, values, positions = self.features(text)
         contributions = self.coef[label, columns] * values
         order = np.argsort(-np.abs(contributions), kind="stable")[:top]
         n = len(tokens)
@@ -175,19 +176,22 @@ class NgramHead:
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
+        """Write ``ngram_head.safetensors`` (float64: the scores served are those the fit evaluated)."""
         arrays = {"keys": self.keys.view(np.int64), "idf": self.idf, "coef": self.coef, "intercept": self.intercept}
         # C order: safetensors writes the buffer as it lies (a column-indexed copy is Fortran-ordered)
-        arrays = {k: np.ascontiguousarray(v, dtype=np.int64 if k == "keys" else np.float32) for k, v in arrays.items()}
-        save_file(arrays, str(directory / self.FILE), metadata={"han_share": repr(self.han_share)})
+        arrays = {k: np.ascontiguousarray(v, dtype=np.int64 if k == "keys" else np.float64) for k, v in arrays.items()}
+        save_file(arrays, str(directory / self.FILE))
 
     @classmethod
     def load(cls, directory: Path, han_share: float, multi_label: bool) -> NgramHead:
+        """The head ``save`` wrote; the share and the task come from the model's config."""
         arrays = load_file(str(directory / cls.FILE))
         return cls(arrays["keys"].view(np.uint64), arrays["idf"], arrays["coef"], arrays["intercept"], han_share,
                    multi_label)
 
     @property
     def size(self) -> int:
+        """The n-grams it knows."""
         return len(self.keys)
 
 

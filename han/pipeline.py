@@ -144,8 +144,9 @@ class Pipeline:
             else:
                 out[i] = DocumentError(i, EMPTY_REASON)
         head = self.saved.ngrams
-        head_probs = None if head is None else head.probabilities(texts[i] for i in kept)  # type: ignore[misc]
-        for chunk, output in self.forward([self.encode(s) for s in segments], method):
+        cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
+        head_probs = None if head is None else head.probabilities(texts[i][:cap] for i in kept)  # type: ignore[index]
+        for chunk, output in self.forward([self.encode(s) for s in segments], method, head_probs):
             if logits is not None:
                 logits[[kept[k] for k in chunk]] = output.logits.numpy()
             probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
@@ -157,7 +158,7 @@ class Pipeline:
                     result.method = method
                     self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
                     if head is not None:
-                        result.top_ngrams = head.evidence(texts[kept[k]], self.labels.index(result.label))  # type: ignore[arg-type]
+                        result.top_ngrams = head.evidence(texts[kept[k]][:cap], self.labels.index(result.label))  # type: ignore[index]
                 out[kept[k]] = result
             if progress is not None:
                 progress("classify", len(chunk))
@@ -187,9 +188,12 @@ class Pipeline:
                     ids[k] = cache[h] = stoi.get(token_key(text[a:b]), unk)
         return np.array(ids, dtype=np.int64), segment.lengths
 
-    def forward(self, encoded: Sequence[Encoded], method: str = "attention") -> Iterator[tuple[list[int], HANOutput]]:
+    def forward(self, encoded: Sequence[Encoded], method: str = "attention",
+                head: np.ndarray | None = None) -> Iterator[tuple[list[int], HANOutput]]:
         """Run the model over encoded documents in length-sorted batches: yields (indices, output),
-        the output's weights those of the explanation ``method`` (see han.attribution)."""
+        the output's weights those of the explanation ``method`` (see han.attribution). ``head``: the
+        n-gram head's probabilities of the same documents, so that a signed method explains the label
+        the averaged scores choose (one more forward pass), not the HAN's own top label."""
         sizes = [len(ids) for ids, _ in encoded]
         for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
             batch = collate_flat([encoded[i] for i in chunk])
@@ -197,7 +201,12 @@ class Pipeline:
                 with torch.inference_mode():
                     yield chunk, self.model(*batch)
             else:
-                logits, sentence_weights, word_weights = attribute(self.model, batch, method)
+                target = None
+                if head is not None:
+                    with torch.inference_mode():
+                        plain = self.model(*batch).logits
+                    target = torch.from_numpy(self.scores(plain, head[chunk]).argmax(1))
+                logits, sentence_weights, word_weights = attribute(self.model, batch, method, target)
                 yield chunk, HANOutput(logits, word_weights, sentence_weights)
 
     def scores(self, logits: torch.Tensor, head: np.ndarray | None = None) -> np.ndarray:

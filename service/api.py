@@ -83,7 +83,7 @@ class ModelInfo(BaseModel):
     ngram_head: dict[str, Any] | None = Field(
         description="When the fit kept its TF-IDF baseline as an n-gram head beside the HAN (averaging the two scored "
         "better on validation): every score is han_share x the HAN's + (1 - han_share) x the head's; with the "
-        "validation accuracy of each and of the average, and the head's n-gram count. Null: the HAN alone."
+        "validation score of each and of the average, and the head's n-gram count. Null: the HAN alone."
     )
     faithfulness: dict[str, Any] | None = Field(
         description="How faithful each explanation method was on held-out data, if measured: each measure, the random "

@@ -177,3 +177,23 @@ def test_a_multi_label_fit_decides_at_the_threshold_chosen_with_the_share(tmp_pa
     report = evaluate(Pipeline(saved), [r["text"] for r in rows(TOPICS)], truth)
     micro_f1 = saved.metadata["metrics"]["test"]["micro_f1"]
     assert micro_f1 == round(report["micro_f1"], 4) > report["han_alone"]["micro_f1"]
+
+
+def test_a_signed_explanation_explains_the_averaged_label_and_the_head_reads_what_the_han_reads(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    saved = SavedModel.load(tiny_model_dir)
+    rows_ = read_jsonl("reviews.jsonl")
+    texts = [r["text"] for r in rows_]
+    flipped = np.array([1 - saved.labels.index(r["label"]) for r in rows_])  # a head that says the opposite
+    saved.ngrams = head_from_baseline(train_baseline(texts, flipped, multi_label=False), len(saved.labels), 0.05)
+    mixed, alone = Pipeline(saved), Pipeline(SavedModel.load(tiny_model_dir))
+    with_head = mixed(texts, explain="full", method="attention_gradient")
+    without = alone(texts, explain="full", method="attention_gradient")
+    differ = [k for k in range(len(texts)) if with_head[k].label != without[k].label]
+    assert len(differ) >= len(texts) // 2
+    for k in differ:  # binary: the gradient of p(the other label) is the opposite of p(the HAN's label)'s
+        got = [w.weight for s in with_head[k].sentences for w in s.words]
+        assert got == pytest.approx([-w.weight for s in without[k].sentences for w in s.words], abs=1e-5)
+    cap = saved.segmenter.max_chars
+    long = texts[0] + " " * (cap - len(texts[0])) + " awful terrible dull" * 2000  # past the HAN's cut
+    assert mixed([long])[0].scores == mixed([long[:cap]])[0].scores and mixed([long])[0].truncated

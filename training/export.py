@@ -77,7 +77,7 @@ class ExportModel(pl.Callback):
         baseline: also train TF-IDF 1-2 grams + logistic regression on the same labelled training
             documents (seconds) and report it beside the model on the same splits and metrics, so
             every run says whether the HAN is worth its cost (see training.baseline).
-        ngram_head: single-label, with the baseline: keep it beside the HAN as an n-gram head when
+        ngram_head: with the baseline: keep it beside the HAN as an n-gram head when
             averaging the two models' probabilities scores better on validation, with the HAN's share
             chosen there (training.ngram_head); every caller's scores are then the average.
     """
@@ -178,14 +178,18 @@ class ExportModel(pl.Callback):
             with Step("the HAN on validation", len(texts)) as step:
                 _, logits = Pipeline(saved, batch_size=256).with_logits(texts, step.stage)
         han = probabilities(logits, multi_label, saved.temperature)
-        saved.ngrams, saved.metadata["ngram_head"] = choose_head(fitted, han, texts, targets, self.threshold)
-        if saved.ngrams is not None and multi_label:
+        try:
+            saved.ngrams, saved.metadata["ngram_head"] = choose_head(fitted, han, texts, targets, self.threshold)
+        except Exception as e:  # best-effort, like the baseline: the trained HAN is still exported
+            rank_zero_info(f"n-gram head skipped: {type(e).__name__}: {e}")
+            return
+        if saved.ngrams is not None and multi_label and self.threshold is None:
             saved.threshold = saved.metadata["ngram_head"]["threshold"]
             saved.metadata["threshold_from"] = "chosen with the n-gram head's share on the validation split"
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         saved = self.saved_model(trainer, pl_module, best=False)
-        if self.baseline and self.ngram_head:
+        if self.baseline and self.ngram_head and "validation" in trainer.datamodule.splits:
             _, fitted = self._baseline(trainer.datamodule, [])
             self._choose_head(saved, trainer.datamodule, fitted)
         pl_module.pipeline = Pipeline(saved, batch_size=256)
@@ -255,7 +259,7 @@ class ExportModel(pl.Callback):
         thread, threads = None, torch.get_num_threads()
         if self.faithfulness and threads > 1:
             with torch.inference_mode(False):  # under Lightning's test loop: the copy must be usable by autograd
-                model = copy.deepcopy(saved)
+                model = copy.deepcopy(saved, {id(saved.ngrams): saved.ngrams})  # the check reads the HAN only
             thread = threading.Thread(target=check, args=(model,), name="han-faithfulness")
             torch.set_num_threads(threads // 2)
             thread.start()
