@@ -25,9 +25,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The suite's test files spread over TEST_JOBS processes (pytest-xdist), a file's tests in one process
+# so that a module's server starts once; TEST_JOBS=0 runs them all in this process.
+TEST_JOBS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m service.run
