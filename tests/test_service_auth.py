@@ -197,7 +197,10 @@ def raw_exchange(server: ServiceServer, data: bytes, pause: float = 0.0, pieces:
     with socket.create_connection((parts.hostname, parts.port), timeout=60) as s:
         step = -(-len(data) // pieces)
         for i in range(0, len(data), step):
-            s.sendall(data[i:i + step])
+            try:
+                s.sendall(data[i:i + step])
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the server refused early (a 4xx) and closed: its answer is waiting to be read
             time.sleep(pause)
         answer = b""
         try:
