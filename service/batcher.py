@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -60,7 +61,9 @@ class RequestBatcher(Generic[T, R]):
             self._idle.cancel()
             self._idle = None
         if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._drain())
+            # A task keeps the context it was created in (and so, in BentoML, the request that
+            # created it, body included) for as long as the task object lives: start from an empty one.
+            self._worker = asyncio.get_running_loop().create_task(self._drain(), context=contextvars.Context())
         return await future
 
     async def _wait_idle(self) -> None:
