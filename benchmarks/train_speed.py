@@ -2,17 +2,18 @@
 
     python benchmarks/train_speed.py                    # 60 batches x 3 rounds, interleaved
     python benchmarks/train_speed.py --batches 100 --rounds 2 --config data/configs/imdb.yaml
-    git show e503854:han/model.py > /tmp/previous_model.py      # a third variant: another version's
-    python benchmarks/train_speed.py --compare-with /tmp/previous_model.py
+    git worktree add /tmp/prev HEAD~1                  # a third variant: another checkout's han.HAN
+    python benchmarks/train_speed.py --compare-with /tmp/prev
 
-Both variants train the same network (same initial weights, AdamW, gradient clipping) on the same
+The variants train the same network (same initial weights, AdamW, gradient clipping) on the same
 first batches of an epoch of the config's training data (tokenisation from the cache `han-train`
 writes; the first run builds it):
 
-- shipped: `han.HAN` as it trains, i.e. sentences sorted into blocks of similar length and run as
-  dense GRUs (see `han/model.py`);
-- packed: the same network with both GRUs run over `pack_padded_sequence` input, the way public
-  PyTorch HAN implementations train.
+- shipped: `han.HAN` as it trains (see `han/cpu_kernels.py`);
+- packed: the same network with both GRUs run through `nn.GRU` over `pack_padded_sequence` input, the
+  way public PyTorch HAN implementations train;
+- the checkout given to `--compare-with`: its `han.HAN`, timed by this script in a process of its own
+  with that checkout first on the import path.
 
 Prints documents/s for each round, the median, the ratio, and the epoch time each implies for the
 config's training split. Rounds alternate between the variants, so machine noise hits both alike.
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +36,7 @@ import yaml
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from han.cpu_kernels import gather_steps, mask, reverse_within
+from han.cpu_kernels import mask
 from han.environment import apply_defaults
 from han.model import HAN, BiGRU, HANConfig
 from training.data import HANDataModule
@@ -43,21 +45,26 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 
+def gather_steps(x: Tensor, index: Tensor) -> Tensor:
+    return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
 def packed(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
     """Padded in and out, both directions through ``nn.GRU`` over ``pack_padded_sequence`` input."""
     steps = x.shape[1]
+    positions = torch.arange(steps)
+    reverse = torch.where(positions < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - positions, positions)
 
     def run(gru: torch.nn.GRU, inputs: Tensor) -> Tensor:
         sequences = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
         return pad_packed_sequence(gru(sequences)[0], batch_first=True, total_length=steps)[0]
 
-    reverse = reverse_within(lengths, steps)
     backward = gather_steps(run(rnn.backward_rnn, gather_steps(x, reverse)), reverse)
     return torch.cat([run(rnn.forward_rnn, x), backward], dim=-1) * mask(lengths, steps).unsqueeze(-1)
 
 
 class PackedHAN(HAN):
-    """The HAN with packed-sequence GRUs in training too (the usual public implementation)."""
+    """The HAN with nn.GRU over packed sequences in training (the usual public implementation)."""
 
     def __init__(self, config: HANConfig) -> None:
         super().__init__(config)
@@ -67,15 +74,25 @@ class PackedHAN(HAN):
         h = packed(self.word_rnn, self.embedding(words), lengths)
         return self.word_attention(h, mask(lengths, words.shape[1]))
 
+    def classify(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        valid = mask(document_lengths, grouped.shape[1])
+        g = self.sentence_rnn(grouped, document_lengths)
+        values = grouped if self.config.sentence_values == "own" else None
+        document_vectors, sentence_weights = self.sentence_attention(g, valid, values)
+        return self.head(self.dropout(document_vectors)), sentence_weights
 
-def load_han_class(path: Path) -> type[HAN]:
-    """The ``HAN`` class of another version of ``han/model.py`` (same constructor and forward)."""
-    spec = importlib.util.spec_from_file_location("compared_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module.HAN
+
+def checkout_rate(checkout: Path, args: argparse.Namespace) -> float:
+    """docs/s of another checkout's han.HAN: this script, one round of it alone, with that checkout first
+    on the import path."""
+    command = [sys.executable, __file__, "--only-shipped", "--rounds", "1", "--config", str(args.config.resolve()),
+               "--batches", str(args.batches), "--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    found = re.search(r"shipped\s+([\d.]+) docs/s", out)
+    if found is None:
+        raise SystemExit(f"no docs/s in the output of {checkout}:\n{out}")
+    return float(found.group(1))
 
 
 def time_steps(net: HAN, batches: list, optimizer: torch.optim.Optimizer) -> float:
@@ -98,7 +115,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--compare-with", type=Path, help="also time the HAN of this model.py (another version)")
+    parser.add_argument("--compare-with", type=Path, help="also time the han.HAN of this checkout (another version)")
     parser.add_argument("--only-shipped", action="store_true", help="time han.HAN alone (benchmarks/contention.py)")
     args = parser.parse_args()
     apply_defaults()
@@ -123,17 +140,19 @@ def main() -> None:
           f"({docs} documents, {words} words), {args.threads} torch threads, torch {torch.__version__}")
 
     variants: dict[str, type[HAN]] = {"shipped": HAN} if args.only_shipped else {"shipped": HAN, "packed": PackedHAN}
-    if args.compare_with:
-        variants[args.compare_with.name] = load_han_class(args.compare_with.resolve())
-    figures: dict[str, list[float]] = {name: [] for name in variants}
+    names = [*variants, *([args.compare_with.name] if args.compare_with else [])]
+    figures: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.rounds):
-        for name, cls in variants.items():
-            torch.manual_seed(0)
-            net = cls(han_config)
-            optimizer = torch.optim.AdamW(net.parameters(), lr=model.get("lr", 3e-3), fused=True)
-            seconds = time_steps(net, batches, optimizer)
-            figures[name].append(docs / seconds)
-            print(f"round {round_}: {name:8s} {docs / seconds:6.1f} docs/s  {words / seconds:8.0f} words/s")
+        for name in names:
+            if name in variants:
+                torch.manual_seed(0)
+                net = variants[name](han_config)
+                optimizer = torch.optim.AdamW(net.parameters(), lr=model.get("lr", 3e-3), fused=True)
+                rate = docs / time_steps(net, batches, optimizer)
+            else:
+                rate = checkout_rate(args.compare_with, args)
+            figures[name].append(rate)
+            print(f"round {round_}: {name:8s} {rate:6.1f} docs/s  {words * rate / docs:8.0f} words/s", flush=True)
 
     train_docs = len(data.splits["train"].sizes)
     print(f"\n| variant | docs/s (median of {args.rounds}) | implied epoch of {train_docs} docs |")
@@ -142,7 +161,7 @@ def main() -> None:
         rate = statistics.median(values)
         print(f"| {name} | {rate:.0f} | {train_docs / rate:.0f} s |")
     print()
-    for name in list(variants)[1:]:
+    for name in names[1:]:
         ratio = statistics.median(figures["shipped"]) / statistics.median(figures[name])
         print(f"shipped / {name}: {ratio:.2f}x")
 

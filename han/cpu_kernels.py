@@ -1,36 +1,28 @@
 """The HAN's arithmetic done fast on a CPU: the same network as ``han.model``, in less time.
 
-``han.model`` reads as the paper's network; it hands the heavy steps to this module, which
-computes them three ways, picked by ``mode``:
+``han.model`` reads as the paper's network; it hands the heavy steps to this module. Each BiGRU reads
+the real positions only (no padding), flat, as packed sequences: one step of both directions at a
+time over the sequences still running.
 
-- ``train`` (training with gradients): sentences sorted into a few blocks of similar length, each
-  run dense through ``nn.GRU`` (little padding, and several times faster to back-propagate on a CPU
-  than packed sequences); the backward direction reads each sequence reversed within its length.
-- ``attribute`` (evaluation with gradients: attributions): the real positions only, flat, through
-  the recurrence below, differentiable.
-- ``infer`` (no gradients: serving, han-score, evaluation): the same recurrence with each distinct
-  word's input projection computed once, and tanh computed as 2 sigmoid(2a) - 1 (PyTorch's sigmoid
-  is about 6x cheaper than its tanh on a CPU).
+- The input projection, most of a word encoder's arithmetic, is one matrix product, done once per
+  distinct word in training and inference; attributions, which need each position's own gradient,
+  project every position.
+- With gradients (training, attributions) the recurrence is a ``Recurrence``, whose backward pass
+  through time is written out: autograd's own graph of a CPU GRU costs a dozen small nodes, two
+  weight products and a concatenation per step and direction. Without (serving, han-score,
+  evaluation) it is ``gru_steps``, which keeps nothing for a backward pass.
+- tanh is computed as 2 sigmoid(2a) - 1 (PyTorch's sigmoid is about 6x cheaper than its tanh on a CPU).
 
-All three give the same outputs (``tests/test_model.py`` keeps them equal, values and gradients);
-docs/experiments.md has the measurements behind each.
+``tests/test_model.py`` keeps every way equal to ``nn.GRU``, values and gradients; docs/experiments.md
+has the measurements behind each.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-
-Mode = Literal["train", "attribute", "infer"]
-
-
-def mode(module: nn.Module) -> Mode:
-    """Which computation a module's forward uses now."""
-    if not torch.is_grad_enabled():
-        return "infer"
-    return "train" if module.training else "attribute"
 
 
 def mask(lengths: Tensor, steps: int) -> Tensor:
@@ -38,84 +30,7 @@ def mask(lengths: Tensor, steps: int) -> Tensor:
     return torch.arange(steps, device=lengths.device) < lengths.unsqueeze(1)
 
 
-# Training: blocks of similar length, run dense.
-
-
-def reverse_within(lengths: Tensor, steps: int) -> Tensor:
-    """Index [rows, steps] reversing each row's first ``length`` positions, leaving padding in place."""
-    positions = torch.arange(steps, device=lengths.device)
-    reversed_ = lengths.unsqueeze(1) - 1 - positions
-    return torch.where(positions < lengths.unsqueeze(1), reversed_, positions)
-
-
-def gather_steps(x: Tensor, index: Tensor) -> Tensor:
-    return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-
-
-class Block(NamedTuple):
-    """Rows of similar length that run dense together in training."""
-
-    rows: Tensor  # indices into the batch
-    lengths: Tensor  # their lengths
-    reverse: Tensor  # [rows, width] index reversing each row within its length (``reverse_within``)
-
-    @property
-    def width(self) -> int:
-        return self.reverse.shape[1]
-
-
-def length_blocks(lengths: Tensor, rows_per_block: int = 256, max_blocks: int = 8) -> tuple[Tensor, list[Block]]:
-    """Rows sorted by length and cut into contiguous blocks, plus the index that puts the blocks'
-    concatenated rows back in batch order."""
-    order = torch.argsort(lengths)
-    blocks = []
-    for rows in torch.tensor_split(order, max(1, min(max_blocks, len(order) // rows_per_block))):
-        block_lengths = lengths[rows]
-        blocks.append(Block(rows, block_lengths, reverse_within(block_lengths, int(block_lengths.max()))))
-    return torch.argsort(order), blocks
-
-
-def dense(forward_rnn: nn.GRU, backward_rnn: nn.GRU, x: Tensor, x_reversed: Tensor, reverse: Tensor) -> Tensor:
-    """Both directions dense over a block: ``x_reversed`` is ``x`` with each sequence reversed within its
-    length by ``reverse``. Returns [rows, steps, 2*hidden]; past a sequence's length, arbitrary finite values."""
-    forward = forward_rnn(x)[0]
-    backward = gather_steps(backward_rnn(x_reversed)[0], reverse)
-    return torch.cat([forward, backward], dim=-1)
-
-
-def blocked(forward_rnn: nn.GRU, backward_rnn: nn.GRU, x: Tensor, lengths: Tensor) -> Tensor:
-    """A BiGRU over padded sequences [rows, steps, input] in training, by blocks; zero past each length."""
-    steps = x.shape[1]
-    restore, blocks = length_blocks(lengths)
-    outputs = []
-    for block in blocks:
-        x_block = x[block.rows, : block.width]
-        h = dense(forward_rnn, backward_rnn, x_block, gather_steps(x_block, block.reverse), block.reverse)
-        outputs.append(nn.functional.pad(h, (0, 0, 0, steps - block.width)))
-    return torch.cat(outputs)[restore] * mask(lengths, steps).unsqueeze(-1)
-
-
-def blocked_word_level(net: nn.Module, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """``HAN.sentence_vectors`` in training: each block run dense to its own width and attended on its
-    own. The backward direction's reversal is done on word ids and all blocks share one embedding
-    lookup, so no gradient is scattered into a padded full-batch tensor (on a CPU that zero-filling
-    cost about a third of a training step)."""
-    rnn = net.word_rnn
-    restore, blocks = length_blocks(lengths)
-    ids = [words[block.rows, : block.width] for block in blocks]
-    both_ways = [t for block, i in zip(blocks, ids, strict=True) for t in (i, torch.gather(i, 1, block.reverse))]
-    embedded = net.embed(torch.cat([t.reshape(-1) for t in both_ways])).split([t.numel() for t in both_ways])
-    vectors, weights = [], []
-    for k, block in enumerate(blocks):
-        x, x_reversed = (e.view(*ids[k].shape, -1) for e in embedded[2 * k : 2 * k + 2])
-        h = dense(rnn.forward_rnn, rnn.backward_rnn, x, x_reversed, block.reverse)
-        v, w = net.word_attention(h, mask(block.lengths, block.width))
-        vectors.append(v)
-        weights.append(nn.functional.pad(w, (0, words.shape[1] - block.width)))
-    return torch.cat(vectors)[restore], torch.cat(weights)[restore]
-
-
-# Attribution and inference: the real positions only, flat and packed.
+# Every way through a BiGRU: the real positions only, flat and packed.
 
 
 def packed_order(lengths: Tensor) -> tuple[Tensor, Tensor, list[int]]:
@@ -139,8 +54,8 @@ def gru_steps(projected: Tensor, read: Tensor, w_hh: Tensor, b_hh: Tensor, sizes
     direction reads at each packed entry (``packed_order``), gathered step by step (no copy of
     every entry's gates at once); w_hh [2, hidden, 3*hidden]; b_hh [2, 1, 3*hidden]. The n gate's
     weights and biases come doubled, so that tanh(a) is computed as 2 sigmoid(2a) - 1. Returns the
-    states [2, entries, hidden], in packed order. Differentiable (no in-place change of anything
-    autograd keeps).
+    states [2, entries, hidden], in packed order. Without gradients (``Recurrence`` computes the same
+    with them).
     """
     hidden = w_hh.shape[1]
     h = projected.new_zeros(2, sizes[0], hidden)
@@ -157,6 +72,66 @@ def gru_steps(projected: Tensor, read: Tensor, w_hh: Tensor, b_hh: Tensor, sizes
         states.append(h)
         start += size
     return torch.cat(states, 1)
+
+
+class Recurrence(torch.autograd.Function):
+    """``gru_steps`` with gradients: the input terms given per entry, gi [2, entries, 3*hidden] in
+    packed order (``projected`` already read), and the backward pass through time written out: a
+    backward step is one product and a few element-wise operations, the recurrent weights' gradient
+    one product over every step at the end."""
+
+    @staticmethod
+    def forward(ctx: Any, gi: Tensor, w_hh: Tensor, b_hh: Tensor, sizes: list[int]) -> Tensor:  # type: ignore[override]
+        hidden = w_hh.shape[1]
+        h = gi.new_zeros(2, sizes[0], hidden)
+        previous, recurrent, gates, ns, states = [], [], [], [], []
+        start = 0
+        for size in sizes:
+            g, h = gi[:, start : start + size], h[:, :size]
+            gh = torch.baddbmm(b_hh, h, w_hh)
+            rz = (g[..., : 2 * hidden] + gh[..., : 2 * hidden]).sigmoid_()
+            n = torch.addcmul(g[..., 2 * hidden :], rz[..., :hidden], gh[..., 2 * hidden :]).sigmoid_().mul_(2).sub_(1)
+            previous.append(h)
+            recurrent.append(gh)
+            gates.append(rz)
+            ns.append(n)
+            h = torch.addcmul(n, rz[..., hidden:], h - n)
+            states.append(h)
+            start += size
+        ctx.sizes, ctx.previous, ctx.recurrent, ctx.gates, ctx.ns = sizes, previous, recurrent, gates, ns
+        ctx.save_for_backward(w_hh)
+        return torch.cat(states, 1)
+
+    @staticmethod
+    def backward(ctx: Any, d_states: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
+        (w_hh,) = ctx.saved_tensors
+        hidden = w_hh.shape[1]
+        w_t = w_hh.transpose(1, 2)
+        d_gi = d_states.new_empty(2, d_states.shape[1], 3 * hidden)  # the gates' input terms
+        d_gh = torch.empty_like(d_gi)  # and their recurrent terms
+        carry = None  # the gradient reaching each running sequence's previous state
+        end = d_states.shape[1]
+        for k in reversed(range(len(ctx.sizes))):
+            start = end - ctx.sizes[k]
+            dh = d_states[:, start:end]
+            if carry is not None:
+                dh = dh.clone()
+                dh[:, : carry.shape[1]] += carry
+            h, gh, rz, n = ctx.previous[k], ctx.recurrent[k], ctx.gates[k], ctx.ns[k]
+            r, z = rz[..., :hidden], rz[..., hidden:]
+            d_rz = rz * (1 - rz)
+            i, j = d_gi[:, start:end], d_gh[:, start:end]
+            # n = 2 sigmoid(a) - 1 has the derivative (1 - n^2) / 2; h' = n + z (h - n)
+            d_a = torch.mul(dh * (1 - z), (1 - n * n) * 0.5, out=i[..., 2 * hidden :])
+            torch.mul(d_a * gh[..., 2 * hidden :], d_rz[..., :hidden], out=i[..., :hidden])
+            torch.mul(dh * (h - n), d_rz[..., hidden:], out=i[..., hidden : 2 * hidden])
+            j[..., : 2 * hidden] = i[..., : 2 * hidden]
+            torch.mul(d_a, r, out=j[..., 2 * hidden :])
+            carry = torch.baddbmm(dh * z, j, w_t)
+            end = start
+        d_w = torch.bmm(torch.cat(ctx.previous, 1).transpose(1, 2), d_gh)
+        del ctx.previous, ctx.recurrent, ctx.gates, ctx.ns
+        return d_gi, d_w, d_gh.sum(1, keepdim=True), None
 
 
 def packed(forward_rnn: nn.GRU, backward_rnn: nn.GRU, inputs: Tensor, lengths: Tensor,
@@ -176,13 +151,22 @@ def packed(forward_rnn: nn.GRU, backward_rnn: nn.GRU, inputs: Tensor, lengths: T
     b_ih = torch.cat([f.bias_ih_l0, b.bias_ih_l0]) * both
     w_hh = (torch.stack([f.weight_hh_l0, b.weight_hh_l0]) * double.unsqueeze(1)).transpose(1, 2)
     b_hh = (torch.stack([f.bias_hh_l0, b.bias_hh_l0]) * double).unsqueeze(1)
-    projected = torch.addmm(b_ih, inputs, w_ih.t()).view(-1, 3 * hidden)
     forward_at, backward_at, sizes = packed_order(lengths)
-    # Projected row 2i is input i's forward part, 2i + 1 its backward part; likewise a state at
-    # flat position p goes back to row 2p (forward) or 2p + 1 (backward) of the output.
+    # A state at flat position p goes to row 2p (forward) or 2p + 1 (backward) of the output.
     where = torch.cat([2 * forward_at, 2 * backward_at + 1])
-    read = where if index is None else torch.cat([2 * index[forward_at], 2 * index[backward_at] + 1])
-    states = gru_steps(projected, read.view(2, -1), w_hh, b_hh, sizes).view(-1, hidden)
+    if torch.is_grad_enabled() and index is None:  # the inputs read in packed order, then projected
+        at = torch.cat([forward_at, backward_at])
+        gi = torch.baddbmm(b_ih.view(2, 1, -1), inputs.index_select(0, at).view(2, -1, inputs.shape[1]),
+                           w_ih.view(2, 3 * hidden, -1).transpose(1, 2))
+        states = Recurrence.apply(gi, w_hh, b_hh, sizes).view(-1, hidden)
+    else:  # projected row 2i is input i's forward part, 2i + 1 its backward part
+        projected = torch.addmm(b_ih, inputs, w_ih.t()).view(-1, 3 * hidden)
+        read = where if index is None else torch.cat([2 * index[forward_at], 2 * index[backward_at] + 1])
+        if torch.is_grad_enabled():
+            states = Recurrence.apply(projected.index_select(0, read).view(2, -1, 3 * hidden), w_hh, b_hh, sizes)
+        else:
+            states = gru_steps(projected, read.view(2, -1), w_hh, b_hh, sizes)
+        states = states.view(-1, hidden)
     return states.new_empty(states.shape).index_copy(0, where, states).view(-1, 2 * hidden)
 
 

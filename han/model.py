@@ -12,8 +12,7 @@ with the number of words in each sentence and the number of sentences in each do
 
 Each BiGRU is exact for every sequence whatever the others in its batch: padding never reaches a
 real position, so a document scores the same alone or in a batch. The heavy steps are computed by
-``han.cpu_kernels`` (blocks of similar length in training; the real positions only, packed, outside
-it), which gives the same outputs faster on a CPU.
+``han.cpu_kernels`` (the real positions only, packed), which gives the same outputs faster on a CPU.
 """
 
 from __future__ import annotations
@@ -103,12 +102,9 @@ class HAN(nn.Module):
         """The word level: each sentence's words embedded, read both ways by the word BiGRU and averaged
         by the word attention -> one vector per sentence [sentences, 2*word_hidden] and word weights
         [sentences, max_words]."""
-        mode = cpu_kernels.mode(self)
-        if mode == "train":
-            return cpu_kernels.blocked_word_level(self, words, lengths)
         mask = _mask(lengths, words.shape[1])
         ids = words[mask]  # the real words only, flat
-        if mode == "attribute":  # gradients reach each position's input
+        if torch.is_grad_enabled() and not self.training:  # attributions: gradients reach each position's input
             return self.word_attention(self.word_rnn(self.embed(ids), lengths), mask)
         distinct, index = torch.unique(ids, return_inverse=True)  # each distinct word projected once
         return self.word_attention(self.word_rnn.read(self.embed(distinct), lengths, index), mask)
@@ -118,8 +114,7 @@ class HAN(nn.Module):
         read by the sentence BiGRU and averaged by the sentence attention -> logits and sentence weights
         (word occlusion reruns only this part)."""
         mask = _mask(document_lengths, grouped.shape[1])
-        if cpu_kernels.mode(self) != "train":
-            grouped = grouped[mask]  # flat: the real sentences only (see BiGRU.forward)
+        grouped = grouped[mask]  # flat: the real sentences only (see BiGRU.forward)
         g = self.sentence_rnn(grouped, document_lengths)
         values = grouped if self.config.sentence_values == "own" else None
         document_vectors, sentence_weights = self.sentence_attention(g, mask, values)
@@ -146,11 +141,9 @@ class BiGRU(nn.Module):
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         """x [rows, steps, input_dim], lengths [rows] -> [rows, steps, 2*hidden], zero past each length.
 
-        Outside training ``x`` may also be flat, [real positions, input_dim]: each row's first
-        ``length`` positions, one row after another; the output is then flat in the same order.
+        ``x`` may also be flat, [real positions, input_dim]: each row's first ``length`` positions,
+        one row after another; the output is then flat in the same order.
         """
-        if cpu_kernels.mode(self) == "train":
-            return cpu_kernels.blocked(self.forward_rnn, self.backward_rnn, x, lengths)
         if x.dim() == 2:
             return self.read(x, lengths)
         mask = _mask(lengths, x.shape[1])

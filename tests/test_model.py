@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from han import HAN, HANConfig, collate
-from han.cpu_kernels import length_blocks
 from han.model import BiGRU
 from tests.tiny_model import train_tiny_model
 
@@ -92,8 +92,8 @@ def test_the_model_learns_the_fixture_to_near_zero_loss() -> None:
 
 @pytest.mark.parametrize("sentence_values", ["contextual", "own"])
 def test_training_inference_and_attribution_paths_agree(sentence_values: str) -> None:
-    """The three ways through the network compute the same thing: training (length blocks run dense
-    through nn.GRU, tanh attention), inference (no gradients: each distinct word projected once,
+    """The three ways through the network compute the same thing: training (the recurrence with its
+    backward written out, tanh attention), inference (no gradients: each distinct word projected once,
     tanh as a sigmoid) and attributions (eval mode with gradients)."""
     g = torch.Generator().manual_seed(3)
     model = make_model(sentence_values=sentence_values)
@@ -112,21 +112,43 @@ def test_training_inference_and_attribution_paths_agree(sentence_values: str) ->
         torch.testing.assert_close(other.sentence_weights, inference.sentence_weights, atol=1e-5, rtol=0)
 
 
-def test_bigru_blocks_match_packed_and_leave_padding_zero() -> None:
-    """Enough rows for several dense blocks: each row's outputs equal the packed GRU's, zero past its length."""
+def nn_gru_both_ways(rnn: BiGRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The reference: both directions through nn.GRU itself over packed sequences, zero past each length."""
+    steps = x.shape[1]
+    positions = torch.arange(steps)
+    mask = positions < lengths.unsqueeze(1)
+    reverse = torch.where(mask, lengths.unsqueeze(1) - 1 - positions, positions)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        return torch.gather(t, 1, reverse.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+    def run(gru: torch.nn.GRU, inputs: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
+        return pad_packed_sequence(gru(packed)[0], batch_first=True, total_length=steps)[0]
+
+    both = torch.cat([run(rnn.forward_rnn, x), gather(run(rnn.backward_rnn, gather(x)))], dim=-1)
+    return both * mask.unsqueeze(-1)
+
+
+def test_bigru_with_gradients_matches_nn_gru_values_and_every_gradient() -> None:
+    """Training's recurrence (its backward through time written out in han.cpu_kernels) gives nn.GRU's
+    states, and the same gradients for the inputs and every weight; padding stays zero."""
     torch.manual_seed(4)
-    rnn = BiGRU(6, 5)
-    lengths = torch.randint(1, 30, (900,))
-    x = torch.randn(900, 30, 6)
-    assert len(length_blocks(lengths)[1]) > 2
-    with torch.no_grad():
-        packed = rnn(x, lengths)
-    dense = rnn(x, lengths)
-    torch.testing.assert_close(dense, packed, atol=1e-5, rtol=0)
+    rnn = BiGRU(6, 5).train()
+    lengths = torch.randint(1, 30, (300,))
+    x = torch.randn(300, 30, 6, requires_grad=True)
+    weights = torch.randn(300, 30, 10)
+    ours = rnn(x, lengths)
+    reference = nn_gru_both_ways(rnn, x, lengths)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
     padding = torch.arange(30) >= lengths.unsqueeze(1)
-    assert dense[padding].abs().max() == 0
-    dense.sum().backward()
-    assert rnn.backward_rnn.weight_ih_l0.grad is not None and rnn.backward_rnn.weight_ih_l0.grad.abs().sum() > 0
+    assert ours[padding].abs().max() == 0
+    parameters = [x, *rnn.parameters()]
+    expected = torch.autograd.grad((reference * weights).sum(), parameters)
+    got = torch.autograd.grad((ours * weights).sum(), parameters)
+    for name, a, b in zip(["input"] + [n for n, _ in rnn.named_parameters()], got, expected, strict=True):
+        assert b.abs().sum() > 0
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> None:
@@ -145,7 +167,7 @@ def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> N
     padded = torch.zeros(5, 7, 6)
     padded[mask] = distinct[index]
     padded.requires_grad_()
-    dense = rnn.train()(padded, lengths)[mask]  # training: nn.GRU itself
+    dense = nn_gru_both_ways(rnn, padded, lengths)[mask]  # nn.GRU itself
     torch.testing.assert_close(by_index, dense.detach(), atol=1e-6, rtol=0)
     torch.testing.assert_close(read.detach(), dense.detach(), atol=1e-6, rtol=0)
     weights = torch.randn(read.shape)
@@ -153,3 +175,12 @@ def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> N
     (dense * weights).sum().backward()
     assert flat.grad is not None and padded.grad is not None
     torch.testing.assert_close(flat.grad, padded.grad[mask], atol=1e-5, rtol=0)
+    # Training reads each distinct word's input once too, with gradients: each distinct input gets the
+    # sum of its positions' gradients.
+    distinct.requires_grad_()
+    trained = rnn.train().read(distinct, lengths, index)
+    torch.testing.assert_close(trained.detach(), dense.detach(), atol=1e-6, rtol=0)
+    (trained * weights).sum().backward()
+    summed = torch.zeros(4, 6).index_add(0, index, padded.grad[mask])
+    assert distinct.grad is not None
+    torch.testing.assert_close(distinct.grad, summed, atol=1e-5, rtol=0)
