@@ -84,21 +84,31 @@ class PackedHAN(HAN):
 
 def checkout_rate(checkout: Path, args: argparse.Namespace) -> float:
     """docs/s of another checkout's han.HAN: this script, one round of it alone, with that checkout first
-    on the import path."""
-    command = [sys.executable, __file__, "--only-shipped", "--rounds", "1", "--config", str(args.config.resolve()),
+    on the import path (it needs ``han.cpu_kernels.mask`` and ``han.environment``, as mains since
+    2026-11-25 have)."""
+    command = [sys.executable, __file__, "--only-shipped", "--rounds", "1", "--config", str(args.config),
                "--batches", str(args.batches), "--threads", str(args.threads)]
-    env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    found = re.search(r"shipped\s+([\d.]+) docs/s", out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(command, env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"{checkout}'s han.HAN did not run (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    loaded = re.search(r"han from (\S+)", run.stdout)
+    if loaded is None or not Path(loaded.group(1)).resolve().is_relative_to(checkout):
+        raise SystemExit(f"{checkout} has no han package of its own: the run imported {loaded and loaded.group(1)}")
+    found = re.search(r"shipped\s+([\d.]+) docs/s", run.stdout)
     if found is None:
-        raise SystemExit(f"no docs/s in the output of {checkout}:\n{out}")
+        raise SystemExit(f"no docs/s in the output of {checkout}:\n{run.stdout}")
     return float(found.group(1))
 
 
 def time_steps(net: HAN, batches: list, optimizer: torch.optim.Optimizer) -> float:
-    """Seconds for forward, backward, clipping and an optimizer step over every batch."""
+    """Seconds for forward, backward, clipping and an optimizer step over every batch, after one untimed
+    forward and backward (a checkout's variant runs in a fresh process; the weights stay as they were)."""
     loss_fn = torch.nn.CrossEntropyLoss()
     net.train()
+    inputs, target = batches[0]
+    loss_fn(net(*inputs).logits, target).backward()
+    net.zero_grad(set_to_none=True)
     start = time.perf_counter()
     for inputs, target in batches:
         loss = loss_fn(net(*inputs).logits, target)
@@ -118,6 +128,9 @@ def main() -> None:
     parser.add_argument("--compare-with", type=Path, help="also time the han.HAN of this checkout (another version)")
     parser.add_argument("--only-shipped", action="store_true", help="time han.HAN alone (benchmarks/contention.py)")
     args = parser.parse_args()
+    args.config = args.config.resolve()  # before the chdir below
+    if args.compare_with:
+        args.compare_with = args.compare_with.resolve()
     apply_defaults()
     torch.set_num_threads(args.threads)
 
@@ -136,11 +149,12 @@ def main() -> None:
         **{k: model[k] for k in ("embed_dim", "word_hidden", "sentence_hidden", "attention_dim", "dropout",
                                  "word_dropout", "sentence_values") if k in model},
     )
+    print(f"han from {Path(sys.modules['han'].__file__).parent}")  # checked by checkout_rate
     print(f"{args.config.name}: {args.batches} batches of {data_args.get('batch_size')} "
           f"({docs} documents, {words} words), {args.threads} torch threads, torch {torch.__version__}")
 
     variants: dict[str, type[HAN]] = {"shipped": HAN} if args.only_shipped else {"shipped": HAN, "packed": PackedHAN}
-    names = [*variants, *([args.compare_with.name] if args.compare_with else [])]
+    names = [*variants, *([f"{args.compare_with.name} (checkout)"] if args.compare_with else [])]
     figures: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.rounds):
         for name in names:

@@ -85,8 +85,8 @@ def integrated_gradients(
     with torch.inference_mode():
         logits = model(*batch).logits
     target = logits.argmax(-1) if target is None else target
-    # The word encoder's input, embeddings (+ NB features), of the real words only: outside training
-    # the encoder reads them flat, one sentence after another (han.model.BiGRU.forward).
+    # The word encoder's input, the embeddings of the real words only: the encoder reads them flat, one
+    # sentence after another (han.model.BiGRU.forward).
     real = _mask(batch.sentence_lengths, batch.words.shape[1])
     embedded = model.embed(batch.words[real]).detach()
     total = torch.zeros_like(embedded)

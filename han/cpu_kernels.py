@@ -98,13 +98,16 @@ class Recurrence(torch.autograd.Function):
             h = torch.addcmul(n, rz[..., hidden:], h - n)
             states.append(h)
             start += size
-        ctx.sizes, ctx.previous, ctx.recurrent, ctx.gates, ctx.ns = sizes, previous, recurrent, gates, ns
-        ctx.save_for_backward(w_hh)
+        ctx.sizes = sizes
+        ctx.save_for_backward(w_hh, *previous, *recurrent, *gates, *ns)
         return torch.cat(states, 1)
 
     @staticmethod
-    def backward(ctx: Any, d_states: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
-        (w_hh,) = ctx.saved_tensors
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, d_states: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:  # type: ignore[override]
+        w_hh, *saved = ctx.saved_tensors
+        steps = len(ctx.sizes)
+        previous, recurrent, gates, ns = (saved[i * steps : (i + 1) * steps] for i in range(4))
         hidden = w_hh.shape[1]
         w_t = w_hh.transpose(1, 2)
         d_gi = d_states.new_empty(2, d_states.shape[1], 3 * hidden)  # the gates' input terms
@@ -117,7 +120,7 @@ class Recurrence(torch.autograd.Function):
             if carry is not None:
                 dh = dh.clone()
                 dh[:, : carry.shape[1]] += carry
-            h, gh, rz, n = ctx.previous[k], ctx.recurrent[k], ctx.gates[k], ctx.ns[k]
+            h, gh, rz, n = previous[k], recurrent[k], gates[k], ns[k]
             r, z = rz[..., :hidden], rz[..., hidden:]
             d_rz = rz * (1 - rz)
             i, j = d_gi[:, start:end], d_gh[:, start:end]
@@ -129,9 +132,9 @@ class Recurrence(torch.autograd.Function):
             torch.mul(d_a, r, out=j[..., 2 * hidden :])
             carry = torch.baddbmm(dh * z, j, w_t)
             end = start
-        d_w = torch.bmm(torch.cat(ctx.previous, 1).transpose(1, 2), d_gh)
-        del ctx.previous, ctx.recurrent, ctx.gates, ctx.ns
-        return d_gi, d_w, d_gh.sum(1, keepdim=True), None
+        needs = ctx.needs_input_grad
+        d_w = torch.bmm(torch.cat(previous, 1).transpose(1, 2), d_gh) if needs[1] else None
+        return d_gi if needs[0] else None, d_w, d_gh.sum(1, keepdim=True) if needs[2] else None, None
 
 
 def packed(forward_rnn: nn.GRU, backward_rnn: nn.GRU, inputs: Tensor, lengths: Tensor,

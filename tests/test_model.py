@@ -99,7 +99,7 @@ def test_training_inference_and_attribution_paths_agree(sentence_values: str) ->
     model = make_model(sentence_values=sentence_values)
     model.config.word_dropout = 0.0
     model.dropout.p = 0.0  # so that training mode computes what eval mode does
-    docs = [random_document(g, n, 25) for n in (1, 3, 9, 20, 2, 14)] * 30  # enough rows for several blocks
+    docs = [random_document(g, n, 25) for n in (1, 3, 9, 20, 2, 14)] * 30  # the running sequences shrink at many steps
     batch = collate(docs)
     with torch.no_grad():
         inference = model.eval()(*batch)
