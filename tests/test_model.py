@@ -7,6 +7,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from han import HAN, HANConfig, collate
+from han.cpu_kernels import Recurrence
 from han.model import BiGRU
 from tests.tiny_model import train_tiny_model
 
@@ -149,6 +150,22 @@ def test_bigru_with_gradients_matches_nn_gru_values_and_every_gradient() -> None
     for name, a, b in zip(["input"] + [n for n, _ in rnn.named_parameters()], got, expected, strict=True):
         assert b.abs().sum() > 0
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_the_recurrences_written_backward_passes_gradcheck() -> None:
+    """Recurrence's backward through time against finite differences (float64), with sequences ending at
+    different steps (the running rows shrink), and a retained graph backpropagated twice."""
+    torch.manual_seed(6)
+    sizes = [4, 4, 3, 1, 1]  # 4 sequences of lengths 5, 5, 3, 2, ... sorted longest first
+    gi = torch.randn(2, sum(sizes), 9, dtype=torch.float64, requires_grad=True)
+    w_hh = torch.randn(2, 3, 9, dtype=torch.float64, requires_grad=True)
+    b_hh = torch.randn(2, 1, 9, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda g, w, b: Recurrence.apply(g, w, b, sizes), (gi, w_hh, b_hh))
+    loss = Recurrence.apply(gi, w_hh, b_hh, sizes).square().sum()
+    first = torch.autograd.grad(loss, (gi, w_hh), retain_graph=True)
+    second = torch.autograd.grad(loss, (gi, w_hh))
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> None:
