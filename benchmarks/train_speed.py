@@ -49,8 +49,9 @@ def gather_steps(x: Tensor, index: Tensor) -> Tensor:
     return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
-def packed(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
-    """Padded in and out, both directions through ``nn.GRU`` over ``pack_padded_sequence`` input."""
+def nn_gru_both_ways(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
+    """Padded in and out, both directions through ``nn.GRU`` itself over ``pack_padded_sequence`` input,
+    zero past each length (also the reference tests/test_model.py checks ``han.cpu_kernels`` against)."""
     steps = x.shape[1]
     positions = torch.arange(steps)
     reverse = torch.where(positions < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - positions, positions)
@@ -68,10 +69,10 @@ class PackedHAN(HAN):
 
     def __init__(self, config: HANConfig) -> None:
         super().__init__(config)
-        self.sentence_rnn.forward = functools.partial(packed, self.sentence_rnn)  # type: ignore[method-assign]
+        self.sentence_rnn.forward = functools.partial(nn_gru_both_ways, self.sentence_rnn)  # type: ignore[method-assign]
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        h = packed(self.word_rnn, self.embedding(words), lengths)
+        h = nn_gru_both_ways(self.word_rnn, self.embedding(words), lengths)
         return self.word_attention(h, mask(lengths, words.shape[1]))
 
     def classify(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor]:

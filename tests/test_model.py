@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from benchmarks.train_speed import nn_gru_both_ways  # nn.GRU itself, the reference
 from han import HAN, HANConfig, collate
 from han.cpu_kernels import Recurrence
 from han.model import BiGRU
@@ -113,24 +113,6 @@ def test_training_inference_and_attribution_paths_agree(sentence_values: str) ->
         torch.testing.assert_close(other.sentence_weights, inference.sentence_weights, atol=1e-5, rtol=0)
 
 
-def nn_gru_both_ways(rnn: BiGRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The reference: both directions through nn.GRU itself over packed sequences, zero past each length."""
-    steps = x.shape[1]
-    positions = torch.arange(steps)
-    mask = positions < lengths.unsqueeze(1)
-    reverse = torch.where(mask, lengths.unsqueeze(1) - 1 - positions, positions)
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        return torch.gather(t, 1, reverse.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
-
-    def run(gru: torch.nn.GRU, inputs: torch.Tensor) -> torch.Tensor:
-        packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
-        return pad_packed_sequence(gru(packed)[0], batch_first=True, total_length=steps)[0]
-
-    both = torch.cat([run(rnn.forward_rnn, x), gather(run(rnn.backward_rnn, gather(x)))], dim=-1)
-    return both * mask.unsqueeze(-1)
-
-
 def test_bigru_with_gradients_matches_nn_gru_values_and_every_gradient() -> None:
     """Training's recurrence (its backward through time written out in han.cpu_kernels) gives nn.GRU's
     states, and the same gradients for the inputs and every weight; padding stays zero."""
@@ -156,7 +138,7 @@ def test_the_recurrences_written_backward_passes_gradcheck() -> None:
     """Recurrence's backward through time against finite differences (float64), with sequences ending at
     different steps (the running rows shrink), and a retained graph backpropagated twice."""
     torch.manual_seed(6)
-    sizes = [4, 4, 3, 1, 1]  # 4 sequences of lengths 5, 5, 3, 2, ... sorted longest first
+    sizes = [4, 4, 3, 1, 1]  # 4 sequences of lengths 5, 3, 3, 2: the running ones at each step
     gi = torch.randn(2, sum(sizes), 9, dtype=torch.float64, requires_grad=True)
     w_hh = torch.randn(2, 3, 9, dtype=torch.float64, requires_grad=True)
     b_hh = torch.randn(2, 1, 9, dtype=torch.float64, requires_grad=True)
