@@ -112,11 +112,16 @@ def run_once(
 def compare_checkouts(
     previous: Path, source: Path, model: str, explain: bool, rounds: int, workdir: Path, extra: list[str]
 ) -> None:
-    """han-score of ``previous`` and of this checkout in turn (A B A B ...): docs/s, and the ratio per round."""
+    """han-score of ``previous`` and of this checkout in turn, the order swapped every round (A B, B A,
+    ...: a fixed order would put any drift within a round on one side): docs/s, and the ratio per round."""
     ratios = []
     for round_ in range(1, rounds + 1):
-        old = run_once(source, model, explain, workdir, extra, checkout=previous)
-        new = run_once(source, model, explain, workdir, extra)
+        if round_ % 2:
+            old = run_once(source, model, explain, workdir, extra, checkout=previous)
+            new = run_once(source, model, explain, workdir, extra)
+        else:
+            new = run_once(source, model, explain, workdir, extra)
+            old = run_once(source, model, explain, workdir, extra, checkout=previous)
         ratios.append(new["docs_per_s"] / old["docs_per_s"])
         for name, r in (("previous", old), ("this", new)):
             print(

@@ -344,14 +344,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, dict[str, str]]],
             warmup: list[str], single: list[str], load: list[str]) -> int:
-    """Two versions (checkouts, or settings), served in turn (A B A B ...): docs/s and latency per round, and
-    the ratios of the second to the first."""
+    """Two versions (checkouts, or settings), served in turn, the order swapped every round (A B, B A, ...):
+    docs/s, latency and the server's CPU time a document per round, and the ratios of the second to the
+    first. (A fixed order would put any drift between a round's two servers on one side.)"""
     figures: dict[str, list[dict]] = {name: [] for name, _, _ in versions}
     header = (f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'errors':>8}{'1-client p50':>14}")
-    print(header + f"{'worker RSS MB':>15}{'at rest':>9}")
+    print(header + f"{'worker RSS MB':>15}{'at rest':>9}{'cpu ms/doc':>12}")
     for round_ in range(1, args.rounds + 1):
-        for name, repo, env in versions:
+        for name, repo, env in versions if round_ % 2 else versions[::-1]:
             server = Server(tag, args.workers, args.service, env, repo=repo)
             try:
                 server.wait_ready()
@@ -374,12 +375,13 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                     "single_p50_ms": one["p50_ms"],
                     "worker_rss_mb": round(rss),
                     "worker_rss_at_rest_mb": round(rest),
+                    "server_cpu_ms_per_doc": many["server_cpu_ms_per_doc"],
                 }
             )
             print(
                 f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['p90_ms']:>9}"
                 f"{many['p99_ms']:>9}{many['max_ms']:>9}{many['errors']:>8}"
-                f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}",
+                f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}{many['server_cpu_ms_per_doc']:>12}",
                 flush=True,
             )
     (first, _, _), (second, _, _) = versions
@@ -389,6 +391,10 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
         + ", ".join(f"{r:.3f}" for r in ratios)
         + f"; median {statistics.median(ratios):.3f}"
     )
+    cpu = [t["server_cpu_ms_per_doc"] / p["server_cpu_ms_per_doc"] for p, t in zip(figures[first], figures[second],
+                                                                                  strict=True)]
+    print(f"{second} / {first}, the server's CPU time a document, per round: " + ", ".join(f"{r:.3f}" for r in cpu)
+          + f"; median {statistics.median(cpu):.3f}")
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps({"model": tag, "figures": figures, "ratios": ratios}, indent=2))

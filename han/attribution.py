@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
+from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
 from han.batch import Batch
@@ -90,7 +90,7 @@ def integrated_gradients(
     real = _mask(batch.sentence_lengths, batch.words.shape[1])
     embedded = model.embed(batch.words[real]).detach()
     total = torch.zeros_like(embedded)
-    points, weights = np.polynomial.legendre.leggauss(steps)  # Gauss-Legendre on [0, 1], as Captum does
+    points, weights = leggauss(steps)  # Gauss-Legendre on [0, 1], as Captum does
     scale = 1.0
     grabbed: list[Tensor] = []
 

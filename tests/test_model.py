@@ -183,3 +183,22 @@ def test_bigru_read_by_distinct_input_matches_nn_gru_values_and_gradients() -> N
     summed = torch.zeros(4, 6).index_add(0, index, padded.grad[mask])
     assert distinct.grad is not None
     torch.testing.assert_close(distinct.grad, summed, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("gather_bytes", [1, 700, 8 << 20])
+def test_the_inference_recurrence_reads_its_inputs_in_runs_of_steps_to_the_same_states(
+    monkeypatch: pytest.MonkeyPatch, gather_bytes: int
+) -> None:
+    """Without gradients the recurrence gathers its input terms a run of steps at a time, as many as
+    GATHER_BYTES holds (at least one step): one step a read, a few steps, or all at once give nn.GRU's states."""
+    monkeypatch.setattr("han.cpu_kernels.GATHER_BYTES", gather_bytes)
+    torch.manual_seed(7)
+    rnn = BiGRU(6, 5).eval()
+    lengths = torch.tensor([3, 1, 7, 2, 7, 5])
+    mask = torch.arange(7) < lengths.unsqueeze(1)
+    padded = torch.zeros(6, 7, 6)
+    padded[mask] = torch.randn(int(lengths.sum()), 6)
+    with torch.no_grad():
+        ours = rnn.read(padded[mask], lengths)
+        reference = nn_gru_both_ways(rnn, padded, lengths)[mask]
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=0)
