@@ -12,7 +12,7 @@ how many requests the service gathered into each model call (from ``/metrics``).
 
     python benchmarks/serve_load.py                        # serves han-imdb:latest
     python benchmarks/serve_load.py --make-bench-model     # registers and serves han-bench (see below)
-    python benchmarks/serve_load.py --compare-keys         # API keys on against off, in turn (A B A B)
+    python benchmarks/serve_load.py --compare-keys         # API keys on against off, in turn (A B, B A, ...)
 
 ``--make-bench-model`` registers ``han-bench``: the default architecture (``han.HANConfig`` and
 ``han.SegmenterConfig`` defaults), random weights and a vocabulary built from IMDB train
