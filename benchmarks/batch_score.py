@@ -116,12 +116,9 @@ def compare_checkouts(
     ...: a fixed order would put any drift within a round on one side): docs/s, and the ratio per round."""
     ratios = []
     for round_ in range(1, rounds + 1):
-        if round_ % 2:
-            old = run_once(source, model, explain, workdir, extra, checkout=previous)
-            new = run_once(source, model, explain, workdir, extra)
-        else:
-            new = run_once(source, model, explain, workdir, extra)
-            old = run_once(source, model, explain, workdir, extra, checkout=previous)
+        order = [previous, REPO] if round_ % 2 else [REPO, previous]
+        runs = [run_once(source, model, explain, workdir, extra, checkout=checkout) for checkout in order]
+        old, new = runs if round_ % 2 else runs[::-1]
         ratios.append(new["docs_per_s"] / old["docs_per_s"])
         for name, r in (("previous", old), ("this", new)):
             print(
