@@ -1,8 +1,10 @@
 """What the pipeline returns: one set of result types for every caller.
 
-Plain dataclasses. The service's response schema is derived from them (pydantic reads the
-attribute docstrings below as field descriptions), and han-score's output columns are named
-after their fields (``scoring.formats``). Scores and weights are rounded to ``DECIMALS`` places.
+Plain dataclasses with slots (a full explanation makes one object per word; without a ``__dict__``
+each is made faster and smaller: docs/experiments.md). The service's response schema is derived
+from them (pydantic reads the attribute docstrings below as field descriptions), and han-score's
+output columns are named after their fields (``scoring.formats``). Scores and weights are rounded
+to ``DECIMALS`` places.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 DECIMALS = 6  # places kept for scores and weights (a float32 holds about 7 significant digits)
 
 
-@dataclass
+@dataclass(slots=True)
 class WordWeight:
     """A word and its weight in the explanation."""
 
@@ -29,7 +31,7 @@ class WordWeight:
     in a top-k list, that times its sentence's weight (every word of the document sums to 1)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class NgramWeight:
     """An n-gram of the document and what it added to the label in the model's n-gram head."""
 
@@ -41,7 +43,7 @@ class NgramWeight:
     """Its tf-idf value times the head's weight for the label: signed, positive for the label."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SentenceWeight:
     """A sentence, its weight in the explanation and, in a full explanation, its words."""
 
@@ -59,7 +61,7 @@ class SentenceWeight:
     """Its words with their attention (full explanations only)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class DocumentResult:
     """The classification of one document and, when asked for, its explanation."""
 
@@ -89,7 +91,7 @@ class DocumentResult:
     word weights explain the HAN's share."""
 
 
-@dataclass
+@dataclass(slots=True)
 class DocumentError:
     """A document that could not be classified (returned in its place when errors="return")."""
 
