@@ -14,6 +14,9 @@ import os
 import sys
 from typing import Any
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+TRIM_THRESHOLD = 32 << 20  # free memory above this at a heap's top goes back to the kernel (tune_process)
+
 DEFAULTS = {
     "BENTOML_DO_NOT_TRACK": "true",
     "HF_DATASETS_OFFLINE": "1",
@@ -65,9 +68,8 @@ def tune_process(threads: int = 1) -> None:
         torch.set_num_interop_threads(1)
     libc = _glibc()
     if libc is not None:
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 << 20)  # 32 MB is glibc's largest allowed value
-        libc.mallopt(m_trim_threshold, 32 << 20)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # 32 MB is glibc's largest allowed value
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def freeze_loaded_objects() -> None:
@@ -102,6 +104,13 @@ def release_free_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+        # malloc_trim empties the free chunks of every arena, but the top of a thread's arena (where
+        # the inference thread's freed tensors merge) goes back only when a large free() finds it
+        # over the trim threshold, which tune_process raised to 32 MB: lower it for one such free.
+        # Measured: a worker at rest after 1,000 requests, 383-384 -> 372-374 MB.
+        libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
+        libc.free(libc.malloc(256 << 10))  # 256 kB: over the 64 kB at which free() trims
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 @functools.cache
@@ -112,6 +121,10 @@ def _glibc() -> Any:
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        return libc
     except OSError:
         return None

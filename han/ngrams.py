@@ -88,6 +88,10 @@ class NgramHead:
         return cls(hashes[order], np.asarray(idf)[columns[order]], coef, intercept, han_share, multi_label)
 
     # -- reading documents -----------------------------------------------------------------------
+    def release_cache(self) -> None:
+        """Forget the token hashes kept so far (``Pipeline.release_caches``)."""
+        self._hashes = {}
+
     def _hashes_of(self, tokens: list[str]) -> list[int]:
         cache = self._hashes
         if len(cache) > 50_000:  # about 8 MB; a miss costs one blake2b of the token

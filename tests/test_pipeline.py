@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,20 @@ def test_progress_hears_every_document_of_each_stage_and_changes_nothing(pipelin
     assert stages.count("segment") == 2 and stages.count("classify") == 100  # batches of 3
     assert sum(n for stage, n in heard if stage == "segment") == sum(n for stage, n in heard if stage == "classify")
     assert sum(n for stage, n in heard if stage == "segment") == len(texts)
+
+
+def test_released_caches_are_emptied_and_rebuilt_with_the_same_results(tiny_model_dir: Path) -> None:
+    """What a serving worker drops when idle: the word ids, the segmenter's vocabulary and tokenizer
+    cache. Afterwards they start again from a fresh segmenter's state, and every output is the same."""
+    pipeline = Pipeline(SavedModel.load(tiny_model_dir))
+    at_start = len(pipeline.segmenter.nlp.vocab.strings)
+    texts = ["A quiet zyxwvut film. Gripping and oddly moving qwertzuiop.", "Dull, long; I left early."]
+    before = [asdict(r) for r in pipeline(texts, explain="full")]
+    assert pipeline._ids and len(pipeline.segmenter.nlp.vocab.strings) > at_start
+    old_segmenter = pipeline.segmenter
+
+    pipeline.release_caches()
+    assert not pipeline._ids
+    assert pipeline.segmenter is not old_segmenter
+    assert len(pipeline.segmenter.nlp.vocab.strings) == at_start
+    assert [asdict(r) for r in pipeline(texts, explain="full")] == before

@@ -199,6 +199,32 @@ def test_release_free_memory_gives_a_freed_heap_back_to_the_kernel():
     assert freed > 30 << 20
 
 
+def test_release_free_memory_gives_back_the_top_of_a_threads_heap():
+    """The inference thread's freed tensors merge into the top of its own malloc arena, which
+    malloc_trim leaves alone (glibc trims only the main heap's top): the idle work gives it back too."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("malloc_trim is glibc's")
+    code = (
+        "import ctypes, threading, psutil\n"
+        "from han.environment import release_free_memory, tune_process\n"
+        "tune_process(1)\n"  # freed memory stays on the heap (32 MB trim threshold)
+        "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
+        "rss = lambda: psutil.Process().memory_info().rss\n"
+        "freed = []\n"
+        "def burst():\n"
+        "    block = libc.malloc(25 << 20); ctypes.memset(block, 1, 25 << 20)\n"  # under both thresholds
+        "    libc.free(ctypes.c_void_p(block))\n"  # merges into this thread's arena's top
+        "    held = rss(); libc.malloc_trim(0); trimmed = rss()\n"
+        "    release_free_memory(); freed.append((held - trimmed, trimmed - rss()))\n"
+        "thread = threading.Thread(target=burst); thread.start(); thread.join()\n"
+        "print(*freed[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    by_trim, by_release = map(int, out.split())
+    assert by_trim < 2 << 20, "malloc_trim alone leaves a thread's heap top"
+    assert by_release > 20 << 20, by_release
+
+
 def test_release_free_memory_gives_back_arenas_the_type_cache_held():
     """A large request's short-lived objects fill Python's memory arenas; names made on the spot and
     looked up on a type (as numpy's C code does) stay referenced by the type attribute cache, one in
@@ -267,3 +293,82 @@ def test_served_model_tag_prefers_the_environment():
         environ = {k: v for k, v in os.environ.items() if k != "HAN_MODEL_TAG"} | env
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
         assert done.stdout.strip().splitlines()[-1] == expected, done.stderr[-2000:]
+
+
+async def _call(middleware: Any, path: str = "/classify") -> list[dict[str, Any]]:
+    """One HTTP request through an ASGI app: the messages it sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await middleware({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send)
+    return sent
+
+
+def _app(delay_before: float = 0.0, delay_after: float = 0.0, error: Exception | None = None) -> Any:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(delay_before)
+        if error is not None:
+            raise error
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(delay_after)
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
+
+
+def test_response_deadline_answers_504_when_no_response_started_in_time():
+    from service.deadline import ResponseDeadline
+
+    sent = run_async(_call(ResponseDeadline(_app(delay_before=5), timeout=0.05)))
+    assert sent[0]["status"] == 504
+    assert json.loads(sent[1]["body"]) == {"error": "Not able to process the request in 0.05 seconds"}
+
+
+def test_response_deadline_lets_a_started_response_finish_and_an_apps_own_timeout_through():
+    from service.deadline import ResponseDeadline
+
+    sent = run_async(_call(ResponseDeadline(_app(delay_after=0.2), timeout=0.05)))
+    assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b"ok"
+    with pytest.raises(TimeoutError, match="the app's"):
+        run_async(_call(ResponseDeadline(_app(error=TimeoutError("the app's")), timeout=5)))
+
+
+def test_response_deadline_leaves_no_timer_behind_a_finished_request():
+    """BentoML's own TimeoutMiddleware leaves each request's timer (with a future and a context)
+    scheduled for the whole timeout: at hundreds of requests a second, a worker held tens of
+    thousands. After ResponseDeadline's requests nothing is left to run."""
+    from service.deadline import BentoTimeoutMiddleware, ResponseDeadline
+
+    async def pending_timers(middleware_class: Any) -> int:
+        middleware = middleware_class(_app(), timeout=120)
+        for _ in range(50):
+            assert (await _call(middleware))[0]["status"] == 200
+        loop = asyncio.get_running_loop()
+        return sum(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+
+    assert run_async(pending_timers(ResponseDeadline)) == 0
+    assert run_async(pending_timers(BentoTimeoutMiddleware)) == 50  # what it replaces (BentoML 1.4.40)
+
+
+def test_bentoml_builds_its_apps_with_the_response_deadline_once_it_is_in_use():
+    """use_response_deadline relies on BentoML importing its timeout middleware from ``traffic``
+    whenever an app lists its middlewares: a BentoML release that stops doing so fails here."""
+    from bentoml._internal.server.base_app import BaseAppFactory
+
+    from service.deadline import BentoTimeoutMiddleware, ResponseDeadline, use_response_deadline
+
+    class App(BaseAppFactory):
+        name = "app"
+
+    try:
+        use_response_deadline()
+        assert [m.cls for m in App(timeout=120).middlewares] == [ResponseDeadline]
+    finally:
+        from bentoml._internal.server.http import traffic
+
+        traffic.TimeoutMiddleware = BentoTimeoutMiddleware
