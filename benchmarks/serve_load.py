@@ -384,6 +384,8 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}{many['server_cpu_ms_per_doc']:>12}",
                 flush=True,
             )
+            for error in one["first_errors"] + many["first_errors"]:
+                print(f"    error: {error}", flush=True)
     (first, _, _), (second, _, _) = versions
     ratios = [t["docs_per_s"] / p["docs_per_s"] for p, t in zip(figures[first], figures[second], strict=True)]
     print(

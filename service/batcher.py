@@ -49,7 +49,8 @@ class RequestBatcher(Generic[T, R]):
         self.on_batch = on_batch
         self.on_idle = on_idle
         self.idle_seconds = idle_seconds
-        self._idle: asyncio.Task[None] | None = None
+        self._idle: asyncio.Task[None] | None = None  # waiting for a quiet spell; a request cancels it
+        self._resting: asyncio.Task[None] | None = None  # running on_idle; a request waits for it
         self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._limiter = anyio.CapacityLimiter(1)
@@ -69,8 +70,15 @@ class RequestBatcher(Generic[T, R]):
     async def _wait_idle(self) -> None:
         await asyncio.sleep(self.idle_seconds)
         if self.on_idle is not None and not self._queue:
-            with contextlib.suppress(Exception):
-                await anyio.to_thread.run_sync(self.on_idle, limiter=self._limiter)
+            # From here a request waits for the idle work instead of cancelling it: a cancelled
+            # wait frees the limiter while the work still runs in its thread, and the next batch
+            # would run beside it. The task stays referenced while it runs.
+            self._resting, self._idle = self._idle, None
+            try:
+                with contextlib.suppress(Exception):
+                    await anyio.to_thread.run_sync(self.on_idle, limiter=self._limiter)
+            finally:
+                self._resting = None
 
     async def _drain(self) -> None:
         try:

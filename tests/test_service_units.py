@@ -152,6 +152,33 @@ def test_batcher_runs_on_idle_once_after_a_quiet_spell_never_between_close_reque
     assert run_async(scenario()) == (0, 1, 1)
 
 
+def test_batcher_never_runs_a_batch_beside_the_idle_work_a_request_interrupts():
+    """The idle work (a serving worker drops and rebuilds its caches) may take a while; a request
+    that arrives meanwhile waits for it. Cancelling it instead would free the worker thread's slot
+    while the work still ran, and the batch would run beside it (as a 500 showed under load)."""
+    busy = threading.Event()
+    overlaps: list[int] = []
+
+    def run(requests: list[int]) -> list[int]:
+        overlaps.append(busy.is_set())
+        return requests
+
+    def on_idle() -> None:
+        busy.set()
+        time.sleep(0.3)
+        busy.clear()
+
+    async def scenario() -> list[int]:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.2)
+        await batcher(1)
+        await asyncio.sleep(0.3)  # the idle work started 0.1 s ago and runs 0.2 s more
+        assert busy.is_set()
+        return [await batcher(2), await batcher(3)]
+
+    assert run_async(scenario()) == [2, 3]
+    assert overlaps == [False, False, False]
+
+
 def test_batcher_keeps_nothing_of_a_finished_request_alive_at_rest():
     """The server's request (BentoML keeps it in a context variable, its body included) must not
     outlive its answer in the batcher's tasks or the idle worker thread: before, a 10 MB body
