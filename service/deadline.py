@@ -12,16 +12,12 @@ message of the response cancels, and the request runs in its own task rather tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from bentoml._internal.server.http import traffic
-from starlette.responses import JSONResponse
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from service.guard import Message, Receive, Scope, Send, error_response
+
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
@@ -36,24 +32,22 @@ class ResponseDeadline:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        started = False
         deadline = asyncio.timeout(self.timeout)
 
         async def send_started(message: Message) -> None:
-            nonlocal started
-            if not started:
-                started = True
-                deadline.reschedule(None)  # cancels the timer: the response has begun
+            if deadline.when() is not None:  # the response's first message: its timer is cancelled
+                deadline.reschedule(None)
             await send(message)
 
         try:
             async with deadline:
                 await self.app(scope, receive, send_started)
         except TimeoutError:
-            if started or not deadline.expired():  # a TimeoutError of the app's own
+            if not deadline.expired():  # a TimeoutError of the app's own
                 raise
-            message = f"Not able to process the request in {self.timeout:g} seconds"
-            await JSONResponse({"error": message}, status_code=504)(scope, receive, send)
+            await error_response(504, f"Not able to process the request in {self.timeout:g} seconds")(
+                scope, receive, send
+            )
 
 
 BentoTimeoutMiddleware = traffic.TimeoutMiddleware  # what use_response_deadline replaces

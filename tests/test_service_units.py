@@ -17,10 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pytest
+from bentoml._internal.server.base_app import BaseAppFactory
+from bentoml._internal.server.http import traffic
 
 import han
 from service.api import ClassifyResponse
 from service.batcher import RequestBatcher
+from service.deadline import BentoTimeoutMiddleware, ResponseDeadline, use_response_deadline
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
 
@@ -207,19 +210,25 @@ def test_batcher_keeps_nothing_of_a_finished_request_alive_at_rest():
     assert released
 
 
+# A fresh process whose freed memory stays on the heap (tune_process: 32 MB trim threshold), with
+# glibc's malloc and the process's RSS at hand.
+MALLOC_PRELUDE = (
+    "import ctypes, threading, psutil\n"
+    "from han.environment import release_free_memory, tune_process\n"
+    "tune_process(1)\n"
+    "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
+    "rss = lambda: psutil.Process().memory_info().rss\n"
+)
+
+
 def test_release_free_memory_gives_a_freed_heap_back_to_the_kernel():
     """The idle work of a serving worker: after a burst's buffers are freed, RSS falls (glibc only)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("malloc_trim is glibc's")
-    code = (
-        "import ctypes, psutil\n"
-        "from han.environment import release_free_memory, tune_process\n"
-        "tune_process(1)\n"  # freed memory stays on the heap (32 MB trim threshold)
-        "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
+    code = MALLOC_PRELUDE + (
         "blocks = [libc.malloc(64 << 10) for _ in range(800)]\n"  # 50 MB in blocks under the mmap threshold
         "for b in blocks: ctypes.memset(b, 1, 64 << 10)\n"
         "for b in blocks[:-1]: libc.free(ctypes.c_void_p(b))\n"  # the last block pins the heap's top
-        "rss = lambda: psutil.Process().memory_info().rss\n"
         "held = rss(); release_free_memory(); print(held - rss())\n"
     )
     freed = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
@@ -231,12 +240,7 @@ def test_release_free_memory_gives_back_the_top_of_a_threads_heap():
     malloc_trim leaves alone (glibc trims only the main heap's top): the idle work gives it back too."""
     if not sys.platform.startswith("linux"):
         pytest.skip("malloc_trim is glibc's")
-    code = (
-        "import ctypes, threading, psutil\n"
-        "from han.environment import release_free_memory, tune_process\n"
-        "tune_process(1)\n"  # freed memory stays on the heap (32 MB trim threshold)
-        "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
-        "rss = lambda: psutil.Process().memory_info().rss\n"
+    code = MALLOC_PRELUDE + (
         "freed = []\n"
         "def burst():\n"
         "    block = libc.malloc(25 << 20); ctypes.memset(block, 1, 25 << 20)\n"  # under both thresholds
@@ -349,16 +353,12 @@ def _app(delay_before: float = 0.0, delay_after: float = 0.0, error: Exception |
 
 
 def test_response_deadline_answers_504_when_no_response_started_in_time():
-    from service.deadline import ResponseDeadline
-
     sent = run_async(_call(ResponseDeadline(_app(delay_before=5), timeout=0.05)))
     assert sent[0]["status"] == 504
     assert json.loads(sent[1]["body"]) == {"error": "Not able to process the request in 0.05 seconds"}
 
 
 def test_response_deadline_lets_a_started_response_finish_and_an_apps_own_timeout_through():
-    from service.deadline import ResponseDeadline
-
     sent = run_async(_call(ResponseDeadline(_app(delay_after=0.2), timeout=0.05)))
     assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b"ok"
     with pytest.raises(TimeoutError, match="the app's"):
@@ -369,8 +369,6 @@ def test_response_deadline_leaves_no_timer_behind_a_finished_request():
     """BentoML's own TimeoutMiddleware leaves each request's timer (with a future and a context)
     scheduled for the whole timeout: at hundreds of requests a second, a worker held tens of
     thousands. After ResponseDeadline's requests nothing is left to run."""
-    from service.deadline import BentoTimeoutMiddleware, ResponseDeadline
-
     async def pending_timers(middleware_class: Any) -> int:
         middleware = middleware_class(_app(), timeout=120)
         for _ in range(50):
@@ -385,10 +383,6 @@ def test_response_deadline_leaves_no_timer_behind_a_finished_request():
 def test_bentoml_builds_its_apps_with_the_response_deadline_once_it_is_in_use():
     """use_response_deadline relies on BentoML importing its timeout middleware from ``traffic``
     whenever an app lists its middlewares: a BentoML release that stops doing so fails here."""
-    from bentoml._internal.server.base_app import BaseAppFactory
-
-    from service.deadline import BentoTimeoutMiddleware, ResponseDeadline, use_response_deadline
-
     class App(BaseAppFactory):
         name = "app"
 
@@ -396,6 +390,4 @@ def test_bentoml_builds_its_apps_with_the_response_deadline_once_it_is_in_use():
         use_response_deadline()
         assert [m.cls for m in App(timeout=120).middlewares] == [ResponseDeadline]
     finally:
-        from bentoml._internal.server.http import traffic
-
         traffic.TimeoutMiddleware = BentoTimeoutMiddleware
