@@ -7,8 +7,9 @@ Starts its own ``bentoml serve service.service:HANClassifier`` on a free loopbac
 * (``--sweep``) the same at 2, 4, 8 and 16 clients: throughput against concurrency;
 * the single client again, after the load.
 
-Every request has ``"explain": true``. It also reports the server's CPU time per document and
-how many requests the service gathered into each model call (from ``/metrics``).
+Every request has ``"explain": true``. It also reports the server's CPU time per document, how many
+requests the service gathered into each model call (from ``/metrics``) and the share of the clients'
+connections the busiest worker held.
 
     python benchmarks/serve_load.py                        # serves han-imdb:latest
     python benchmarks/serve_load.py --make-bench-model     # registers and serves han-bench (see below)
@@ -24,29 +25,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
 import random
-import re
-import signal
 import statistics
 import sys
-import tempfile
+import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from han.environment import apply_defaults
-from service.process import free_port, start_server, stop_process_group, wait_ready
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.served import AUTH, Server  # noqa: E402
+from han.environment import apply_defaults  # noqa: E402
+
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
-# Every request carries this key, whether or not the server checks keys (--compare-keys), so that the
-# two differ only in the check.
-AUTH = {"Authorization": "Bearer serve-load-bench-key-0123456789"}
 REST_SECONDS = 2.0  # the worker RSS is read again this long after the load: a worker idle 1 s gives freed memory back
 
 
@@ -79,92 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="instead: serve this checkout without and with API keys in turn, --rounds times")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison (default 3)")
     return parser.parse_args(argv)
-
-
-# ------------------------------------------------------------------------------------------------
-# The benchmark model
-# ------------------------------------------------------------------------------------------------
-
-
-# ------------------------------------------------------------------------------------------------
-# The server
-# ------------------------------------------------------------------------------------------------
-
-
-class Server:
-    def __init__(
-        self, tag: str, workers: int | None, service: str, extra_env: dict[str, str], repo: Path = REPO
-    ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {"HAN_WORKERS": str(workers)} if workers else {}
-        env.update(extra_env)
-        self.service = service
-        self.log_path = Path(tempfile.gettempdir()) / f"serve_load-{self.port}.log"
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = start_server(tag, self.port, env=env, log=self.log, service=service, repo=repo)
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        if wait_ready(self.url, self.process, timeout):
-            return
-        if self.process.poll() is not None:
-            raise SystemExit(f"the server exited ({self.process.returncode}); see {self.log_path}")
-        raise SystemExit(f"the server was not ready in {timeout} s; see {self.log_path}")
-
-    def processes(self) -> list[int]:
-        """The server and its descendants (BentoML's workers run in sessions of their own)."""
-        parents: dict[int, int] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-        found, frontier = [self.process.pid], [self.process.pid]
-        while frontier:
-            frontier = [pid for pid, parent in parents.items() if parent in frontier]
-            found += frontier
-        return found
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server's processes so far."""
-        total = 0
-        for pid in self.processes():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
-
-    def rss_mb(self) -> dict[int, float]:
-        """RSS in MB of each of the server's descendant processes (the serving workers), by pid."""
-        sizes = {}
-        for pid in self.processes()[1:]:
-            try:
-                pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            sizes[pid] = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-        return sizes
-
-    def worker_rss_mb(self) -> float:
-        """The largest RSS among the serving workers, in MB."""
-        return max(self.rss_mb().values(), default=0.0)
-
-    def metric(self, name: str) -> float:
-        request = urllib.request.Request(self.url + "/metrics", headers=AUTH)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read().decode()
-        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
-
-    def stop(self) -> None:
-        pids = self.processes()
-        stop_process_group(self.process, timeout=30)
-        for pid in pids[1:]:  # a worker the server did not take down with it (checked: still ours)
-            with contextlib.suppress(OSError):
-                if self.service.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
-        self.log.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,8 +155,26 @@ def batch_counters(server: Server) -> tuple[float, float]:
 
 
 def measured(server: Server, texts: list[str], clients: int) -> dict:
+    """One run of the load, with the server's CPU time, its batching and, every second, the share of
+    the connections the busiest worker held (0.5 of 32 with two workers: 16 each)."""
     cpu0, (req0, calls0) = server.cpu_seconds(), batch_counters(server)
-    result = asyncio.run(run_load(server.url, texts, clients))
+    shares: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            counts = server.connections()
+            if sum(counts):
+                shares.append(max(counts) / sum(counts))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = asyncio.run(run_load(server.url, texts, clients))
+    finally:
+        done.set()
+        sampler.join()
+    result["busiest_worker_share"] = round(statistics.fmean(shares), 2) if shares else None
     cpu1, (req1, calls1) = server.cpu_seconds(), batch_counters(server)
     result["server_cpu_ms_per_doc"] = round(1000 * (cpu1 - cpu0) / max(1, result["documents"]), 2)
     result["requests_per_model_call"] = round((req1 - req0) / max(1, calls1 - calls0), 2)
@@ -275,7 +202,6 @@ def machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
-    sys.path.insert(0, str(REPO))
     if args.make_bench_model:
         from benchmarks.bench_model import bench_model_dir, register_bench_model
 
@@ -314,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((f"{args.clients} clients", load, args.clients))
         runs.append(("single, after", single, 1))  # does the load leave the service slower for one client?
         header = f"{'run':<15}{'docs':>6}{'errors':>8}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
-        header += f"{'cpu ms/doc':>12}{'req/batch':>11}"
+        header += f"{'cpu ms/doc':>12}{'req/batch':>11}{'busiest':>9}"
         print(header)
         for name, batch, clients in runs:
             result = measured(server, batch, clients)
@@ -323,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:<15}{result['documents']:>6}{result['errors']:>8}{result['docs_per_s']:>9}"
                 f"{result['p50_ms']:>9}{result['p90_ms']:>9}{result['p99_ms']:>9}"
-                f"{result['server_cpu_ms_per_doc']:>12}{result['requests_per_model_call']:>11}",
+                f"{result['server_cpu_ms_per_doc']:>12}{result['requests_per_model_call']:>11}"
+                f"{result['busiest_worker_share'] or '':>9}",
                 flush=True,
             )
             for error in result["first_errors"]:
@@ -350,7 +277,7 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
     figures: dict[str, list[dict]] = {name: [] for name, _, _ in versions}
     header = (f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'errors':>8}{'1-client p50':>14}")
-    print(header + f"{'worker RSS MB':>15}{'at rest':>9}{'cpu ms/doc':>12}")
+    print(header + f"{'worker RSS MB':>15}{'at rest':>9}{'cpu ms/doc':>12}{'busiest':>9}")
     for round_ in range(1, args.rounds + 1):
         for name, repo, env in versions if round_ % 2 else versions[::-1]:
             server = Server(tag, args.workers, args.service, env, repo=repo)
@@ -376,12 +303,14 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                     "worker_rss_mb": round(rss),
                     "worker_rss_at_rest_mb": round(rest),
                     "server_cpu_ms_per_doc": many["server_cpu_ms_per_doc"],
+                    "busiest_worker_share": many["busiest_worker_share"],
                 }
             )
             print(
                 f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['p90_ms']:>9}"
                 f"{many['p99_ms']:>9}{many['max_ms']:>9}{many['errors']:>8}"
-                f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}{many['server_cpu_ms_per_doc']:>12}",
+                f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}{many['server_cpu_ms_per_doc']:>12}"
+                f"{many['busiest_worker_share'] or '':>9}",
                 flush=True,
             )
             for error in one["first_errors"] + many["first_errors"]:

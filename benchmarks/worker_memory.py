@@ -27,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.serve_load import AUTH, DEFAULT_DATA, Server, machine  # noqa: E402
+from benchmarks.serve_load import DEFAULT_DATA, machine  # noqa: E402
+from benchmarks.served import AUTH, Server  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS  # noqa: E402
 

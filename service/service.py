@@ -36,6 +36,7 @@ from service.auth import (
     startup_keys,
 )
 from service.batcher import RequestBatcher, observe_batch
+from service.connections import SpreadConnections
 from service.deadline import use_response_deadline
 from service.guard import RequestGuard, error_response
 from service.pages import make_pages
@@ -163,5 +164,6 @@ class HANClassifier:
         return out
 
 
+HANClassifier.add_asgi_middleware(SpreadConnections)  # the first added is the outermost: every response counts
 HANClassifier.add_asgi_middleware(ApiKeyGuard, keys=API_KEYS, open_metrics=os.environ.get(METRICS_OPEN_ENV) == "1")
 HANClassifier.add_asgi_middleware(RequestGuard)  # after the key check: a caller without a key is not read

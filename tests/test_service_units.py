@@ -12,9 +12,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from bentoml._internal.server.base_app import BaseAppFactory
@@ -24,16 +22,9 @@ import han
 from service.api import ClassifyResponse
 from service.batcher import RequestBatcher
 from service.deadline import BentoTimeoutMiddleware, ResponseDeadline, use_response_deadline
+from tests.asgi_calls import call, run_async, scripted_app
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
-
-T = TypeVar("T")
-
-
-def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` in a thread of its own: pytest-playwright keeps an event loop running in this one."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def test_batcher_runs_a_lone_request_at_once_and_gathers_the_ones_that_wait():
@@ -326,43 +317,17 @@ def test_served_model_tag_prefers_the_environment():
         assert done.stdout.strip().splitlines()[-1] == expected, done.stderr[-2000:]
 
 
-async def _call(middleware: Any, path: str = "/classify") -> list[dict[str, Any]]:
-    """One HTTP request through an ASGI app: the messages it sent."""
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await middleware({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send)
-    return sent
-
-
-def _app(delay_before: float = 0.0, delay_after: float = 0.0, error: Exception | None = None) -> Any:
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await asyncio.sleep(delay_before)
-        if error is not None:
-            raise error
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await asyncio.sleep(delay_after)
-        await send({"type": "http.response.body", "body": b"ok"})
-
-    return app
-
-
 def test_response_deadline_answers_504_when_no_response_started_in_time():
-    sent = run_async(_call(ResponseDeadline(_app(delay_before=5), timeout=0.05)))
+    sent = run_async(call(ResponseDeadline(scripted_app(delay_before=5), timeout=0.05)))
     assert sent[0]["status"] == 504
     assert json.loads(sent[1]["body"]) == {"error": "Not able to process the request in 0.05 seconds"}
 
 
 def test_response_deadline_lets_a_started_response_finish_and_an_apps_own_timeout_through():
-    sent = run_async(_call(ResponseDeadline(_app(delay_after=0.2), timeout=0.05)))
+    sent = run_async(call(ResponseDeadline(scripted_app(delay_after=0.2), timeout=0.05)))
     assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b"ok"
     with pytest.raises(TimeoutError, match="the app's"):
-        run_async(_call(ResponseDeadline(_app(error=TimeoutError("the app's")), timeout=5)))
+        run_async(call(ResponseDeadline(scripted_app(error=TimeoutError("the app's")), timeout=5)))
 
 
 def test_response_deadline_leaves_no_timer_behind_a_finished_request():
@@ -370,9 +335,9 @@ def test_response_deadline_leaves_no_timer_behind_a_finished_request():
     scheduled for the whole timeout: at hundreds of requests a second, a worker held tens of
     thousands. After ResponseDeadline's requests nothing is left to run."""
     async def pending_timers(middleware_class: Any) -> int:
-        middleware = middleware_class(_app(), timeout=120)
+        middleware = middleware_class(scripted_app(), timeout=120)
         for _ in range(50):
-            assert (await _call(middleware))[0]["status"] == 200
+            assert (await call(middleware))[0]["status"] == 200
         loop = asyncio.get_running_loop()
         return sum(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
 
