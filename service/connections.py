@@ -14,11 +14,24 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 
 from service.guard import Message, Receive, Scope, Send
 
-REQUESTS_PER_CONNECTION = int(os.environ.get("HAN_REQUESTS_PER_CONNECTION", "32"))  # on average; 0: never end
+REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
+REQUESTS_PER_CONNECTION = 32  # on average, unless the environment says otherwise (0: never end one)
 TRACKED = 4096  # connections remembered per worker (the least recently active forgotten first)
+
+
+def requests_per_connection(environ: Mapping[str, str] = os.environ) -> int:
+    """``$HAN_REQUESTS_PER_CONNECTION`` (a whole number, 0 to turn the ending off), else the default."""
+    value = environ.get(REQUESTS_PER_CONNECTION_ENV, "").strip()
+    if not value:
+        return REQUESTS_PER_CONNECTION
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"{REQUESTS_PER_CONNECTION_ENV} must be a whole number of requests (0: never end a "
+                         f"connection), not {value!r}")
+    return int(value)
 
 
 class SpreadConnections:

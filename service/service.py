@@ -36,7 +36,7 @@ from service.auth import (
     startup_keys,
 )
 from service.batcher import RequestBatcher, observe_batch
-from service.connections import SpreadConnections
+from service.connections import SpreadConnections, requests_per_connection
 from service.deadline import use_response_deadline
 from service.guard import RequestGuard, error_response
 from service.pages import make_pages
@@ -99,6 +99,10 @@ use_response_deadline()  # before BentoML builds a worker's app
 MODEL_TAG = served_model_tag()
 refuse_unservable_language(MODEL_TAG)
 API_KEYS = api_keys()
+try:
+    REQUESTS_PER_CONNECTION = requests_per_connection()
+except ValueError as e:
+    sys.exit(f"error: {e}")
 
 
 @bentoml.service(
@@ -164,6 +168,7 @@ class HANClassifier:
         return out
 
 
-HANClassifier.add_asgi_middleware(SpreadConnections)  # the first added is the outermost: every response counts
+# The first added is the outermost: every response counts, a refused one too.
+HANClassifier.add_asgi_middleware(SpreadConnections, requests=REQUESTS_PER_CONNECTION)
 HANClassifier.add_asgi_middleware(ApiKeyGuard, keys=API_KEYS, open_metrics=os.environ.get(METRICS_OPEN_ENV) == "1")
 HANClassifier.add_asgi_middleware(RequestGuard)  # after the key check: a caller without a key is not read

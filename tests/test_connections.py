@@ -6,13 +6,16 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import pytest
 
-from service.connections import REQUESTS_PER_CONNECTION, TRACKED, SpreadConnections
+from service.connections import TRACKED, SpreadConnections, requests_per_connection
+from service.process import free_port
 from tests.asgi_calls import call, run_async, scripted_app
-from tests.service_server import ServiceServer, shared_server, tiny_model_dir_quickly
+from tests.service_server import REPO, ServiceServer, base_env, shared_server, tiny_model_dir_quickly
 
 
 def ends(middleware: SpreadConnections, clients: list[tuple[str, int]]) -> list[bool]:
@@ -54,6 +57,13 @@ def test_connections_are_counted_apart_and_other_traffic_passes_untouched():
     assert (b"connection", b"close") not in start["headers"]
 
 
+def test_the_setting_is_a_whole_number_or_a_clear_error():
+    assert requests_per_connection({}) == 32
+    assert requests_per_connection({"HAN_REQUESTS_PER_CONNECTION": " 0 "}) == 0
+    with pytest.raises(ValueError, match="HAN_REQUESTS_PER_CONNECTION must be a whole number.*'ten'"):
+        requests_per_connection({"HAN_REQUESTS_PER_CONNECTION": "ten"})
+
+
 def test_the_connections_remembered_are_bounded():
     middleware = SpreadConnections(scripted_app(), requests=1000)
     ends(middleware, [("10.0.0.1", port) for port in range(TRACKED + 100)])
@@ -62,14 +72,15 @@ def test_the_connections_remembered_are_bounded():
 
 @pytest.mark.slow
 def test_the_service_ends_a_keep_alive_connection_after_some_requests(request):
-    """Through a real server: within 2 x REQUESTS_PER_CONNECTION - 1 requests a response says
+    """Through a real server: within 2 x the mean - 1 requests a response says
     Connection: close and the server closes the connection; the client reconnects and goes on."""
     server: ServiceServer = shared_server(request.config, tiny_model_dir_quickly(request))
     url = urlsplit(server.url)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
     body = json.dumps({"documents": ["A fine film."], "explain": False})
     since, longest, ended = 0, 0, 0
-    for _ in range(2 * REQUESTS_PER_CONNECTION):
+    mean = requests_per_connection()  # what the server read from the same environment
+    for _ in range(2 * mean):
         connection.request("POST", "/classify", body, {"Content-Type": "application/json"})
         response = connection.getresponse()
         assert response.status == 200, response.read()
@@ -79,4 +90,15 @@ def test_the_service_ends_a_keep_alive_connection_after_some_requests(request):
             assert connection.sock is None  # http.client closed it, as the header asks
             ended, longest, since = ended + 1, max(longest, since), 0
     connection.close()
-    assert ended >= 1 and longest <= 2 * REQUESTS_PER_CONNECTION - 1
+    assert ended >= 1 and longest <= 2 * mean - 1
+
+
+@pytest.mark.slow
+def test_a_bad_setting_stops_the_service_in_one_line(tmp_path):
+    env = {**base_env(tmp_path / "bentoml"), "HAN_MODEL_TAG": "han-test:latest", "HAN_REQUESTS_PER_CONNECTION": "ten"}
+    command = [sys.executable, "-m", "bentoml", "serve", "service.service:HANClassifier", "--port", str(free_port())]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["error: HAN_REQUESTS_PER_CONNECTION must be a whole number of requests (0: never end a "
+                     "connection), not 'ten'"], done.stderr
