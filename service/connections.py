@@ -7,7 +7,8 @@ connections (measured: splits from 16/16 to 32/0 of 32 connections, docs/experim
 connection ends with ``Connection: close`` after a number of requests drawn for it, on average
 ``REQUESTS_PER_CONNECTION``; the client reconnects, and the worker that is free first accepts.
 The number is drawn per connection, so that a pool opened at once does not reconnect at once (then
-one worker would take them all again). nginx ends keep-alive connections the same way.
+one worker would take them all again). nginx, too, ends a keep-alive connection after a number of
+requests (``keepalive_requests``).
 """
 
 from __future__ import annotations
