@@ -107,7 +107,7 @@ def release_free_memory() -> None:
         # malloc_trim empties the free chunks of every arena, but the top of a thread's arena (where
         # the inference thread's freed tensors merge) goes back only when a large free() finds it
         # over the trim threshold, which tune_process raised to 32 MB: lower it for one such free.
-        # Measured: a worker at rest after 1,000 requests, 383-384 -> 372-374 MB.
+        # (docs/experiments.md, 2026-11-26; tests/test_service_units.py shows malloc_trim alone giving none of it back.)
         libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
         libc.free(libc.malloc(256 << 10))  # 256 kB: over the 64 kB at which free() trims
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
