@@ -35,7 +35,7 @@ from service.auth import (
     is_loopback,
     startup_keys,
 )
-from service.batcher import RequestBatcher, observe_batch
+from service.batcher import RequestBatcher, batch_wait, observe_batch
 from service.connections import SpreadConnections, requests_per_connection
 from service.deadline import use_response_deadline
 from service.guard import RequestGuard, error_response
@@ -100,7 +100,7 @@ MODEL_TAG = served_model_tag()
 refuse_unservable_language(MODEL_TAG)
 API_KEYS = api_keys()
 try:
-    REQUESTS_PER_CONNECTION = requests_per_connection()
+    REQUESTS_PER_CONNECTION, BATCH_WAIT = requests_per_connection(), batch_wait()
 except ValueError as e:
     sys.exit(f"error: {e}")
 
@@ -127,7 +127,7 @@ class HANClassifier:
         self.pipeline = han.Pipeline(saved)
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
-            on_idle=self._rest,
+            on_idle=self._rest, wait=BATCH_WAIT,
         )
         self.info = model_info(str(stored.tag), stored.info.creation_time.isoformat(), saved)
         freeze_loaded_objects()  # the collector then walks only what requests allocate

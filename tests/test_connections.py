@@ -94,11 +94,15 @@ def test_the_service_ends_a_keep_alive_connection_after_some_requests(request):
 
 
 @pytest.mark.slow
-def test_a_bad_setting_stops_the_service_in_one_line(tmp_path):
-    env = {**base_env(tmp_path / "bentoml"), "HAN_MODEL_TAG": "han-test:latest", "HAN_REQUESTS_PER_CONNECTION": "ten"}
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("HAN_REQUESTS_PER_CONNECTION", "ten",
+     "HAN_REQUESTS_PER_CONNECTION must be a whole number of requests (0: never end a connection), not 'ten'"),
+    ("HAN_BATCH_WAIT_MS", "0.5", "HAN_BATCH_WAIT_MS must be a whole number of milliseconds (0: never wait), not '0.5'"),
+])
+def test_a_bad_setting_stops_the_service_in_one_line(tmp_path, name, value, error):
+    env = {**base_env(tmp_path / "bentoml"), "HAN_MODEL_TAG": "han-test:latest", name: value}
     command = [sys.executable, "-m", "bentoml", "serve", "service.service:HANClassifier", "--port", str(free_port())]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines == ["error: HAN_REQUESTS_PER_CONNECTION must be a whole number of requests (0: never end a "
-                     "connection), not 'ten'"], done.stderr
+    assert lines == [f"error: {error}"], done.stderr

@@ -1,17 +1,12 @@
-"""In-process pieces of the service: the cross-request batcher and the response serialisation (no server)."""
+"""In-process pieces of the service: memory release, the response JSON and the response deadline (no server)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import gc
 import json
 import os
 import subprocess
 import sys
-import threading
-import time
-import weakref
 from typing import Any
 
 import pytest
@@ -20,186 +15,10 @@ from bentoml._internal.server.http import traffic
 
 import han
 from service.api import ClassifyResponse
-from service.batcher import RequestBatcher
 from service.deadline import BentoTimeoutMiddleware, ResponseDeadline, use_response_deadline
 from tests.asgi_calls import call, run_async, scripted_app
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
-
-
-def test_batcher_runs_a_lone_request_at_once_and_gathers_the_ones_that_wait():
-    batches: list[list[int]] = []
-
-    def run(requests: list[int]) -> list[int]:
-        batches.append(list(requests))
-        time.sleep(0.05)  # the model is busy: requests arriving now wait for the next batch
-        return [2 * r for r in requests]
-
-    async def scenario() -> tuple[list[int], float]:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run)
-        started = time.perf_counter()
-        first = asyncio.create_task(batcher(0))
-        await asyncio.sleep(0.01)
-        rest = [asyncio.create_task(batcher(i)) for i in range(1, 10)]
-        results = await asyncio.gather(first, *rest)
-        return results, time.perf_counter() - started
-
-    results, elapsed = run_async(scenario())
-    assert results == [2 * i for i in range(10)]
-    assert batches == [[0], list(range(1, 10))]
-    assert elapsed < 0.5
-
-
-def test_batcher_caps_a_batch_by_items_but_never_splits_a_request():
-    batches: list[list[list[str]]] = []
-
-    def run(requests: list[list[str]]) -> list[int]:
-        batches.append(requests)
-        time.sleep(0.02)
-        return [len(r) for r in requests]
-
-    async def scenario() -> list[int]:
-        batcher: RequestBatcher[list[str], int] = RequestBatcher(run, size=len, max_items=4)
-        blocker = asyncio.create_task(batcher(["x"]))
-        await asyncio.sleep(0.005)
-        waiting = [asyncio.create_task(batcher(["a"] * n)) for n in (2, 2, 3, 6, 1)]
-        return await asyncio.gather(blocker, *waiting)
-
-    assert run_async(scenario()) == [1, 2, 2, 3, 6, 1]
-    sizes = [[len(r) for r in batch] for batch in batches]
-    assert sizes == [[1], [2, 2], [3], [6], [1]]  # in arrival order; the 6-item request goes alone
-
-
-def test_batcher_gives_each_caller_its_own_result_and_a_failed_batch_its_error():
-    def run(requests: list[int]) -> list[int | str]:
-        if -1 in requests:
-            raise RuntimeError("the whole batch failed")
-        return [f"bad {r}" if r % 2 else r for r in requests]  # a bad item is a value, as DocumentError is
-
-    async def scenario() -> list[object]:
-        batcher: RequestBatcher[int, int | str] = RequestBatcher(run)
-        return await asyncio.gather(*(batcher(i) for i in (0, 1, 2, 3)))
-
-    assert run_async(scenario()) == [0, "bad 1", 2, "bad 3"]
-
-    async def failing() -> list[object]:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run)
-        out = await asyncio.gather(batcher(-1), return_exceptions=True)
-        return [*out, await batcher(4)]  # the batcher keeps working after a failed batch
-
-    failed, after = run_async(failing())
-    assert isinstance(failed, RuntimeError)
-    assert after == 4
-
-
-def test_batcher_drops_callers_that_went_away():
-    seen: list[int] = []
-    gate = threading.Event()
-
-    def run(requests: list[int]) -> list[int]:
-        seen.extend(requests)
-        gate.wait(5)
-        return requests
-
-    async def scenario() -> int:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run)
-        first = asyncio.create_task(batcher(1))
-        await asyncio.sleep(0.02)
-        gone = asyncio.create_task(batcher(2))
-        kept = asyncio.create_task(batcher(3))
-        await asyncio.sleep(0.02)
-        gone.cancel()  # e.g. the client disconnected while waiting
-        gate.set()
-        await first
-        return await kept
-
-    assert run_async(scenario()) == 3
-    assert seen == [1, 3]
-
-
-def test_batcher_runs_on_idle_once_after_a_quiet_spell_never_between_close_requests():
-    idle_calls: list[float] = []
-    threads: list[str] = []
-
-    def run(requests: list[int]) -> list[int]:
-        threads.append(threading.current_thread().name)
-        return requests
-
-    def on_idle() -> None:
-        idle_calls.append(time.perf_counter())
-        threads.append(threading.current_thread().name)
-
-    async def scenario() -> tuple[int, int, int]:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.5)
-        loop_thread = threading.current_thread().name
-        for i in range(5):  # requests 0.05 s apart: never idle for 0.5 s
-            await batcher(i)
-            await asyncio.sleep(0.05)
-        during = len(idle_calls)
-        await asyncio.sleep(1.0)  # quiet: the idle work runs, once
-        after_quiet = len(idle_calls)
-        await batcher(9)
-        await asyncio.sleep(0.05)
-        assert loop_thread not in threads  # the idle work runs in the worker thread, like a batch
-        return during, after_quiet, len(idle_calls)
-
-    assert run_async(scenario()) == (0, 1, 1)
-
-
-def test_batcher_never_runs_a_batch_beside_the_idle_work_a_request_interrupts():
-    """The idle work (a serving worker drops and rebuilds its caches) may take a while; a request
-    that arrives meanwhile waits for it. Cancelling it instead would free the worker thread's slot
-    while the work still ran, and the batch would run beside it (as a 500 showed under load)."""
-    busy = threading.Event()
-    overlaps: list[int] = []
-
-    def run(requests: list[int]) -> list[int]:
-        overlaps.append(busy.is_set())
-        return requests
-
-    def on_idle() -> None:
-        busy.set()
-        time.sleep(0.3)
-        busy.clear()
-
-    async def scenario() -> list[int]:
-        batcher: RequestBatcher[int, int] = RequestBatcher(run, on_idle=on_idle, idle_seconds=0.2)
-        await batcher(1)
-        await asyncio.sleep(0.3)  # the idle work started 0.1 s ago and runs 0.2 s more
-        assert busy.is_set()
-        return [await batcher(2), await batcher(3)]
-
-    assert run_async(scenario()) == [2, 3]
-    assert overlaps == [False, False, False]
-
-
-def test_batcher_keeps_nothing_of_a_finished_request_alive_at_rest():
-    """The server's request (BentoML keeps it in a context variable, its body included) must not
-    outlive its answer in the batcher's tasks or the idle worker thread: before, a 10 MB body
-    stayed held until the next request (docs/experiments.md)."""
-    request_var: contextvars.ContextVar[object] = contextvars.ContextVar("request")
-
-    class Body:
-        pass
-
-    async def scenario() -> tuple[bool, list[int]]:
-        batcher: RequestBatcher[list[int], int] = RequestBatcher(
-            lambda requests: [sum(r) for r in requests], on_idle=lambda: None, idle_seconds=0.1)
-
-        async def call() -> tuple[weakref.ref[Body], int]:
-            body = Body()
-            request_var.set(body)  # as the server does, in the request's own task
-            return weakref.ref(body), await batcher(list(range(4)))
-
-        ref, answer = await asyncio.create_task(call())
-        await asyncio.sleep(0.5)  # the idle work has run in the worker thread
-        gc.collect()
-        return ref() is None, [answer]  # asked while the loop and its worker thread still live
-
-    released, answers = run_async(scenario())
-    assert answers == [6]
-    assert released
-
 
 # A fresh process whose freed memory stays on the heap (tune_process: 32 MB trim threshold), with
 # glibc's malloc and the process's RSS at hand.
