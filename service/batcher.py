@@ -30,7 +30,7 @@ R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
 IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
 BATCH_WAIT_ENV = "HAN_BATCH_WAIT_MS"
-BATCH_WAIT_MS = 10  # the longest a batch waits for the callers just answered (0: never waits)
+BATCH_WAIT_MS = 20  # the longest a batch waits for the callers just answered (0: never waits)
 WAIT_SHARE = 0.5  # ... and at most this share of the previous batch's run time
 
 
