@@ -8,7 +8,9 @@ run: clients settle into two groups that take turns, each batch half as large as
 a batch, the next one therefore waits briefly for the callers it just answered (at most half the
 batch's run time and ``$HAN_BATCH_WAIT_MS``), and runs as soon as they are all back: fewer, larger
 batches, and less CPU a document (docs/experiments.md). A lone caller is back at once, so it never
-waits; the wait only delays work when callers do not come back.
+waits. Callers that do not send again on their answer (requests from many independent callers) would
+make every wait run to its bound, so the batcher keeps count of how many came back during its waits
+and stops waiting while few do, trying again every ``PROBE_EVERY`` batches.
 (BentoML's own adaptive batching sits behind an HTTP hop to a dependent service and, here, cost
 more CPU per document and latency than the whole model call; see docs/experiments.md.)
 """
@@ -30,8 +32,9 @@ R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
 IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
 BATCH_WAIT_ENV = "HAN_BATCH_WAIT_MS"
-BATCH_WAIT_MS = 20  # the longest a batch waits for the callers just answered (0: never waits)
+BATCH_WAIT_MS = 10  # the longest a batch waits for the callers just answered (0: never waits)
 WAIT_SHARE = 0.5  # ... and at most this share of the previous batch's run time
+PROBE_EVERY = 8  # while callers do not come back, one batch in this many still waits (to notice when they do)
 
 
 def batch_wait(environ: Mapping[str, str] = os.environ) -> float:
@@ -57,7 +60,8 @@ class RequestBatcher(Generic[T, R]):
     idle is run at once; the ones that arrive during a batch are queued and run together next,
     up to ``max_items`` items (a larger request runs alone). After a batch, the next waits until the
     queue holds as many items as that batch and the queue did together, or for at most ``wait``
-    seconds and ``WAIT_SHARE`` of the batch's run time. ``on_batch(requests, items)`` is
+    seconds and ``WAIT_SHARE`` of the batch's run time (while callers come back; see the module's
+    docstring). ``on_batch(requests, items)`` is
     called for each batch (metrics); ``on_idle()`` once the queue has been empty for
     ``idle_seconds`` (in the worker thread, never beside a batch; a request cancels the wait).
     """
@@ -80,6 +84,8 @@ class RequestBatcher(Generic[T, R]):
         self.idle_seconds = idle_seconds
         self.wait = wait
         self._arrival: asyncio.Future[None] | None = None  # a batch waiting for callers; a request resolves it
+        self._returning = 1.0  # the share of answered items that came back during recent waits (moving average)
+        self._batches = 0
         self._idle: asyncio.Task[None] | None = None  # waiting for a quiet spell; a request cancels it
         self._resting: asyncio.Task[None] | None = None  # running on_idle; a request waits for it
         self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
@@ -138,11 +144,14 @@ class RequestBatcher(Generic[T, R]):
                 self._arrival = None
 
     async def _run_queue(self) -> None:
-        callers = 0  # items answered by the last batch plus those queued meanwhile: who may send next
+        answered = 0  # items answered by the last batch: who may send next
         ran = 0.0  # the last batch's run time
-        while self._queue or callers:
-            if callers and self.wait > 0:
-                await self._wait_for(min(callers, self.max_items), min(self.wait, WAIT_SHARE * ran))
+        while self._queue or answered:
+            if answered and self.wait > 0 and (self._returning >= 0.5 or self._batches % PROBE_EVERY == 0):
+                queued = self._queued_items()
+                await self._wait_for(min(answered + queued, self.max_items), min(self.wait, WAIT_SHARE * ran))
+                came = min(1.0, (self._queued_items() - queued) / answered)
+                self._returning = (self._returning + came) / 2
             if not self._queue:
                 return
             batch = [self._queue.popleft()]
@@ -152,7 +161,7 @@ class RequestBatcher(Generic[T, R]):
                 batch.append((request, future))
                 items += self.size(request)
             batch = [(request, future) for request, future in batch if not future.done()]  # callers gone
-            callers = 0
+            answered = 0
             if not batch:
                 continue
             if self.on_batch is not None:
@@ -172,7 +181,8 @@ class RequestBatcher(Generic[T, R]):
                 if not future.done():
                     future.set_result(result)
             ran = asyncio.get_running_loop().time() - started
-            callers = sum(self.size(request) for request, _ in batch) + self._queued_items()
+            answered = sum(self.size(request) for request, _ in batch)
+            self._batches += 1
 
 
 _batch_metrics: tuple[Any, Any] | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import itertools
 import threading
 import time
 import weakref
@@ -262,8 +263,38 @@ def test_batcher_waits_at_most_half_a_batch_for_callers_that_do_not_come_back():
 
 
 def test_the_batch_wait_setting_is_whole_milliseconds_or_a_clear_error():
-    assert batch_wait({}) == 0.020
+    assert batch_wait({}) == 0.010
     assert batch_wait({"HAN_BATCH_WAIT_MS": " 0 "}) == 0
     assert batch_wait({"HAN_BATCH_WAIT_MS": "25"}) == 0.025
     with pytest.raises(ValueError, match="HAN_BATCH_WAIT_MS must be a whole number of milliseconds.*'5ms'"):
         batch_wait({"HAN_BATCH_WAIT_MS": "5ms"})
+
+
+def test_batcher_stops_waiting_for_callers_that_do_not_come_back():
+    """Callers that each send once (every request a new caller, arriving while a batch runs): the
+    first two waits find nobody back, and from then on a batch follows the last at once."""
+    spans: list[tuple[float, float]] = []
+    starts: list[float] = []
+
+    def run(requests: list[int]) -> list[int]:
+        started = time.perf_counter()
+        starts.append(started)
+        time.sleep(0.1)
+        spans.append((started, time.perf_counter()))
+        return requests
+
+    async def scenario() -> None:
+        batcher: RequestBatcher[int, int] = RequestBatcher(run, wait=10.0)  # held up to 0.05 s a batch
+        calls = [asyncio.create_task(batcher(0))]
+        for k in range(1, 8):
+            while len(starts) < k:  # until batch k has started
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.03)  # inside batch k: the new caller is queued, not a returning one
+            calls.append(asyncio.create_task(batcher(k)))
+        await asyncio.gather(*calls)
+
+    run_async(scenario())
+    gaps = [later[0] - earlier[1] for earlier, later in itertools.pairwise(spans)]
+    assert len(gaps) == 7
+    assert min(gaps[:2]) > 0.04  # waited: the callers might have come back
+    assert max(gaps[2:]) < 0.03, gaps  # no longer
