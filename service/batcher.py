@@ -10,7 +10,8 @@ batch's run time and ``$HAN_BATCH_WAIT_MS``), and runs as soon as they are all b
 batches, and less CPU a document (docs/experiments.md). A lone caller is back at once, so it never
 waits. Callers that do not send again on their answer (requests from many independent callers) would
 make every wait run to its bound, so the batcher keeps count of how many came back during its waits
-and stops waiting while few do, trying again every ``PROBE_EVERY`` batches.
+(the arrivals beyond what the rate during the batch would have brought anyway) and stops waiting
+while few do, trying again every ``PROBE_EVERY`` batches.
 (BentoML's own adaptive batching sits behind an HTTP hop to a dependent service and, here, cost
 more CPU per document and latency than the whole model call; see docs/experiments.md.)
 """
@@ -86,6 +87,7 @@ class RequestBatcher(Generic[T, R]):
         self._arrival: asyncio.Future[None] | None = None  # a batch waiting for callers; a request resolves it
         self._returning = 1.0  # the share of answered items that came back during recent waits (moving average)
         self._batches = 0
+        self._arrived = 0  # items ever queued
         self._idle: asyncio.Task[None] | None = None  # waiting for a quiet spell; a request cancels it
         self._resting: asyncio.Task[None] | None = None  # running on_idle; a request waits for it
         self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
@@ -95,6 +97,7 @@ class RequestBatcher(Generic[T, R]):
     async def __call__(self, request: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
+        self._arrived += self.size(request)
         if self._arrival is not None and not self._arrival.done():
             self._arrival.set_result(None)
         if self._idle is not None:
@@ -144,14 +147,16 @@ class RequestBatcher(Generic[T, R]):
                 self._arrival = None
 
     async def _run_queue(self) -> None:
+        loop = asyncio.get_running_loop()
         answered = 0  # items answered by the last batch: who may send next
-        ran = 0.0  # the last batch's run time
+        ran, rate = 0.0, 0.0  # the last batch's run time, and items arriving a second meanwhile
         while self._queue or answered:
             if answered and self.wait > 0 and (self._returning >= 0.5 or self._batches % PROBE_EVERY == 0):
-                queued = self._queued_items()
-                await self._wait_for(min(answered + queued, self.max_items), min(self.wait, WAIT_SHARE * ran))
-                came = min(1.0, (self._queued_items() - queued) / answered)
-                self._returning = (self._returning + came) / 2
+                waited, arrived = loop.time(), self._arrived
+                await self._wait_for(min(answered + self._queued_items(), self.max_items),
+                                     min(self.wait, WAIT_SHARE * ran))
+                came = (self._arrived - arrived - rate * (loop.time() - waited)) / answered
+                self._returning = (self._returning + min(1.0, max(0.0, came))) / 2
             if not self._queue:
                 return
             batch = [self._queue.popleft()]
@@ -167,7 +172,7 @@ class RequestBatcher(Generic[T, R]):
             if self.on_batch is not None:
                 with contextlib.suppress(Exception):  # metrics must never stall the queue
                     self.on_batch(len(batch), sum(self.size(request) for request, _ in batch))
-            started = asyncio.get_running_loop().time()
+            started, arrived = loop.time(), self._arrived
             try:
                 results = await anyio.to_thread.run_sync(self.run, [r for r, _ in batch], limiter=self._limiter)
                 if len(results) != len(batch):
@@ -180,7 +185,8 @@ class RequestBatcher(Generic[T, R]):
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
-            ran = asyncio.get_running_loop().time() - started
+            ran = loop.time() - started
+            rate = (self._arrived - arrived) / ran if ran > 0 else 0.0
             answered = sum(self.size(request) for request, _ in batch)
             self._batches += 1
 
