@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.serve_load import DEFAULT_DATA, machine  # noqa: E402
+from benchmarks.serve_load import DEFAULT_DATA, machine, summarize  # noqa: E402
 from benchmarks.served import AUTH, Server  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 
@@ -33,18 +33,17 @@ async def arrivals(url: str, texts: list[str], rate: float, seconds: float, seed
 
     rng = random.Random(seed)
     latencies: list[float] = []
-    errors = 0
+    errors: list[str] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one(text: str) -> None:
-            nonlocal errors
             body = json.dumps({"documents": [text], "explain": True})
             started = time.perf_counter()
             async with session.post(url + "/classify", data=body,
                                     headers={"Content-Type": "application/json", **AUTH}) as response:
                 await response.read()
                 if response.status != 200:
-                    errors += 1
+                    errors.append(f"HTTP {response.status}")
                     return
             latencies.append(time.perf_counter() - started)
 
@@ -55,12 +54,8 @@ async def arrivals(url: str, texts: list[str], rate: float, seconds: float, seed
             tasks.append(asyncio.create_task(one(texts[len(tasks) % len(texts)])))
             due += rng.expovariate(rate)
         await asyncio.gather(*tasks)
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1)
-
-    return {"answered": len(latencies), "errors": errors, "p50_ms": pct(0.5), "p90_ms": pct(0.9), "p99_ms": pct(0.99)}
+    return summarize(latencies, errors, len(latencies), time.perf_counter() - start,
+                     clients=0)  # open loop: no fixed number of clients
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 for rate in (float(r) for r in args.rates.split(",")):
                     cpu = server.cpu_seconds()
                     got = asyncio.run(arrivals(server.url, texts, rate, args.seconds, seed=round_))
-                    cpu_ms = 1000 * (server.cpu_seconds() - cpu) / max(1, got["answered"])
-                    print(f"round {round_ + 1}  {setting:<24} {rate:>6.0f}/s  answered {got['answered']:>6}  "
+                    cpu_ms = 1000 * (server.cpu_seconds() - cpu) / max(1, got["documents"])
+                    print(f"round {round_ + 1}  {setting:<24} {rate:>6.0f}/s  answered {got['documents']:>6}  "
                           f"errors {got['errors']}  p50 {got['p50_ms']:>6}  p90 {got['p90_ms']:>6}  "
                           f"p99 {got['p99_ms']:>6} ms  server CPU {cpu_ms:.2f} ms a review", flush=True)
             finally:

@@ -28,6 +28,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from service.settings import whole_number
+
 T = TypeVar("T")
 R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
@@ -40,12 +42,7 @@ PROBE_EVERY = 8  # while callers do not come back, one batch in this many still 
 
 def batch_wait(environ: Mapping[str, str] = os.environ) -> float:
     """``$HAN_BATCH_WAIT_MS`` (a whole number of milliseconds, 0 to never wait) in seconds, else the default."""
-    value = environ.get(BATCH_WAIT_ENV, "").strip()
-    if not value:
-        return BATCH_WAIT_MS / 1000
-    if not (value.isascii() and value.isdigit()):
-        raise ValueError(f"{BATCH_WAIT_ENV} must be a whole number of milliseconds (0: never wait), not {value!r}")
-    return int(value) / 1000
+    return whole_number(environ, BATCH_WAIT_ENV, BATCH_WAIT_MS, "milliseconds", "0: never wait") / 1000
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -98,8 +95,8 @@ class RequestBatcher(Generic[T, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         self._arrived += self.size(request)
-        if self._arrival is not None and not self._arrival.done():
-            self._arrival.set_result(None)
+        if self._arrival is not None:
+            _resolve(self._arrival)
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None

@@ -18,6 +18,7 @@ import random
 from collections.abc import Mapping
 
 from service.guard import Message, Receive, Scope, Send
+from service.settings import whole_number
 
 REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
 REQUESTS_PER_CONNECTION = 32  # on average, unless the environment says otherwise (0: never end one)
@@ -26,13 +27,8 @@ TRACKED = 4096  # connections remembered per worker (the least recently active f
 
 def requests_per_connection(environ: Mapping[str, str] = os.environ) -> int:
     """``$HAN_REQUESTS_PER_CONNECTION`` (a whole number, 0 to turn the ending off), else the default."""
-    value = environ.get(REQUESTS_PER_CONNECTION_ENV, "").strip()
-    if not value:
-        return REQUESTS_PER_CONNECTION
-    if not (value.isascii() and value.isdigit()):
-        raise ValueError(f"{REQUESTS_PER_CONNECTION_ENV} must be a whole number of requests (0: never end a "
-                         f"connection), not {value!r}")
-    return int(value)
+    return whole_number(environ, REQUESTS_PER_CONNECTION_ENV, REQUESTS_PER_CONNECTION, "requests",
+                        "0: never end a connection")
 
 
 class SpreadConnections:

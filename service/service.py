@@ -40,9 +40,9 @@ from service.connections import SpreadConnections, requests_per_connection
 from service.deadline import use_response_deadline
 from service.guard import RequestGuard, error_response
 from service.pages import make_pages
+from service.settings import whole_number
 
 apply_defaults()
-WORKERS = int(os.environ.get("HAN_WORKERS", "2"))  # processes; each has its own model and batcher
 Request = tuple[list[str], str | None]  # (documents, explanation method or None)
 # BentoML logs every request and opens a tracing span for it; with no trace exporter configured the
 # spans go nowhere. The two cost about 0.5 ms of CPU a request, as much as classifying a short
@@ -100,6 +100,8 @@ MODEL_TAG = served_model_tag()
 refuse_unservable_language(MODEL_TAG)
 API_KEYS = api_keys()
 try:
+    # processes, each with its own model and batcher
+    WORKERS = whole_number(os.environ, "HAN_WORKERS", 2, "processes", "at least 1", minimum=1)
     REQUESTS_PER_CONNECTION, BATCH_WAIT = requests_per_connection(), batch_wait()
 except ValueError as e:
     sys.exit(f"error: {e}")

@@ -98,6 +98,7 @@ def test_the_service_ends_a_keep_alive_connection_after_some_requests(request):
     ("HAN_REQUESTS_PER_CONNECTION", "ten",
      "HAN_REQUESTS_PER_CONNECTION must be a whole number of requests (0: never end a connection), not 'ten'"),
     ("HAN_BATCH_WAIT_MS", "0.5", "HAN_BATCH_WAIT_MS must be a whole number of milliseconds (0: never wait), not '0.5'"),
+    ("HAN_WORKERS", "0", "HAN_WORKERS must be a whole number of processes (at least 1), not '0'"),
 ])
 def test_a_bad_setting_stops_the_service_in_one_line(tmp_path, name, value, error):
     env = {**base_env(tmp_path / "bentoml"), "HAN_MODEL_TAG": "han-test:latest", name: value}
