@@ -18,9 +18,10 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# service/requirements.txt pins what the service runs with; the bento carries the same pins.
+$(STAMP): pyproject.toml service/requirements.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,ray,glove]'
+	$(BIN)/pip install --quiet -e '.[dev,ray,glove]' -c service/requirements.txt
 	touch $(STAMP)
 
 install: $(STAMP)

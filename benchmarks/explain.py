@@ -33,8 +33,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     pipeline, texts = pipeline_and_reviews(parser, args)
-    from han.attribution import METHODS
     from han.faithfulness import evaluate_faithfulness
+    from han.methods import METHODS
 
     print(f"model {args.model}; {os.cpu_count()} CPUs, 1 torch thread; load average {os.getloadavg()}", flush=True)
 

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-from han.attribution import METHODS, WITHIN_SENTENCE
+from han.attribution import WITHIN_SENTENCE
+from han.methods import METHODS
 from han.pipeline import Encoded, Pipeline
 from han.vocab import Vocabulary
 

@@ -19,8 +19,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from han.attribution import METHODS, WITHIN_SENTENCE, attribute
+from han.attribution import WITHIN_SENTENCE, attribute
 from han.batch import collate_flat, length_sorted_chunks
+from han.methods import METHODS
 from han.model import HANOutput
 from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
 from han.saved_model import SavedModel
@@ -113,7 +114,7 @@ class Pipeline:
     ) -> list[DocumentResult | DocumentError]:
         """Classify ``texts`` in input order. A bad document raises InvalidDocumentError (the first
         one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place.
-        ``method`` is the explanation method (han.attribution.METHODS) when ``explain`` asks for one."""
+        ``method`` is the explanation method (han.methods.METHODS) when ``explain`` asks for one."""
         if method not in METHODS:
             raise ValueError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
         return self._run(texts, explain, errors, None, method if explain is not None else "attention")

@@ -4,6 +4,8 @@ The one place that knows the store; training registers into it, serving and han-
 
 A stored model is exactly a ``han`` model directory (JSON + safetensors) inside the store's
 folder for that tag, so nothing is pickled and any tool can open it with ``SavedModel.load``.
+``NAME:production`` (or ``NAME`` alone) is the version that ``han-model promote`` last put in
+production (``model_store.production``), and ``NAME:latest`` until there is one.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import bentoml
 from bentoml.exceptions import BentoMLException, NotFound
 
 from han.saved_model import SavedModel
+from model_store.production import PRODUCTION, follows_pointer, production_tag, split_tag
 
-DEFAULT_MODEL_TAG = "han-imdb:latest"
+DEFAULT_MODEL_TAG = f"han-imdb:{PRODUCTION}"
 MODEL_TAG_ENV = "HAN_MODEL_TAG"
 
 
@@ -40,18 +43,39 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
     return str(model.tag)
 
 
+def resolve_tag(ref: str) -> str:
+    """The ``NAME:VERSION`` that a tag names now: ``NAME`` and ``NAME:production`` the production
+    pointer's version (else the latest), ``NAME:latest`` the latest. ModelNotFoundError if none."""
+    if follows_pointer(ref):
+        name = split_tag(ref)[0]
+        ref = production_tag(name) or f"{name}:latest"
+    try:
+        return str(bentoml.models.get(str(ref)).tag)
+    except (NotFound, BentoMLException, ValueError) as e:
+        raise ModelNotFoundError(
+            f"no BentoML model named {str(ref)!r} (train one with `han-train fit`, or see `bentoml models list`)"
+        ) from e
+
+
 def model_path(ref: str | Path) -> Path:
     """Resolve a model directory path or a BentoML tag to a model directory on disk."""
     path = Path(ref)
     if path.is_dir():
         return path
     try:
-        return Path(bentoml.models.get(str(ref)).path)
+        return Path(bentoml.models.get(resolve_tag(str(ref))).path)
+    except ModelNotFoundError as e:
+        raise ModelNotFoundError(f"no model directory or {e.args[0].removeprefix('no ')}") from None
     except (NotFound, BentoMLException, ValueError) as e:
         raise ModelNotFoundError(
             f"no model directory or BentoML model named {str(ref)!r} "
             "(train one with `han-train fit`, or see `bentoml models list`)"
         ) from e
+
+
+def load_metadata(ref: str) -> dict[str, Any]:
+    """A stored model's metadata (what the fit recorded), without loading its tensors."""
+    return dict(bentoml.models.get(resolve_tag(ref)).info.metadata)
 
 
 def load(ref: str | Path) -> SavedModel:

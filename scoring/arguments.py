@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-EXPLAIN_METHODS = ("attention", "attention_gradient", "integrated_gradients", "occlusion")  # han.attribution.METHODS
+from han.methods import METHODS as EXPLAIN_METHODS
 
 
 def _positive(value: str) -> int:
@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", metavar="INPUT", help="a .parquet, .csv or .jsonl file (read as a stream)")
     p.add_argument("output", metavar="OUTPUT", help="the .parquet, .jsonl or .csv file to write")
-    p.add_argument("--model", help="BentoML model tag or model directory (default: $HAN_MODEL_TAG or han-imdb:latest)")
+    p.add_argument("--model",
+                   help="BentoML model tag or model directory (default: $HAN_MODEL_TAG or han-imdb:production)")
     p.add_argument("--text-column", default="text", help="column holding the document text (default: text)")
     p.add_argument("--id-column", help="column to copy into the output as 'id' (the row index is always written)")
     p.add_argument(

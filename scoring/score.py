@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ScoringOptions:
     explain: bool = False
-    method: str = "attention"  # explanation method (han.attribution.METHODS)
+    method: str = "attention"  # explanation method (han.methods.METHODS)
     top_sentences: int = 3
     top_words: int = 5
 

@@ -12,13 +12,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 import han
-from han.attribution import METHODS
+from han.methods import DEFAULT_METHOD, METHODS
 
 MAX_DOCUMENTS = 256  # per request
 MAX_BODY_BYTES = 10 * 1024 * 1024  # per request
-DEFAULT_METHOD = "attention"
-Method = Literal["attention", "attention_gradient", "integrated_gradients", "occlusion"]
-assert set(Method.__args__) == set(METHODS)  # type: ignore[attr-defined]
+Method = Literal[METHODS]  # type: ignore[valid-type]  # the names of han.methods, in the schema at /docs
 
 
 class ClassifyRequest(BaseModel):
@@ -54,6 +52,7 @@ def explain_method(explain: bool | str) -> str | None:
 
 class ClassifyResponse(BaseModel):
     results: list[han.DocumentResult] = Field(description="One result per document, in input order.")
+    model: str = Field(description="The model version that answered (NAME:VERSION in the model store).")
 
     def model_dump_json(self, **kwargs: Any) -> str:
         """Absent, not null: the explanation keys of a result that has none (how BentoML sends the response)."""

@@ -2,7 +2,8 @@
 
 Keys come from ``$HAN_API_KEYS_FILE`` (one key per line; blank lines and ``#`` comments skipped) or
 ``$HAN_API_KEYS`` (comma-separated), never from the command line, where ``ps`` shows them. Several
-at once, so that one can be rotated while the other still works. A request sends
+at once, so that one can be rotated while the other still works; the file is read again when it
+changes (looked at once a second at most), so a key rotates without a restart. A request sends
 ``Authorization: Bearer KEY``; a missing or wrong key gets a 401 with ``WWW-Authenticate``. Keys are
 compared in constant time (against each key's SHA-256, so no length leaks either) and never logged.
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -102,13 +105,53 @@ def startup_keys(host: str, allow_anonymous: bool) -> list[bytes]:
     return keys
 
 
-class ApiKeyGuard:
-    """ASGI middleware: a request to a guarded path needs ``Authorization: Bearer <one of the keys>``."""
+class KeysFile:
+    """The keys of ``$HAN_API_KEYS_FILE``, read again when the file changes (its size, time or inode),
+    looked at no more than once every ``every`` seconds. A file that cannot be read or holds no key
+    is logged and the keys read before stay: a rotation half-written never locks every caller out."""
 
-    def __init__(self, app: App, keys: list[bytes], open_metrics: bool = False) -> None:
-        self.app = app
+    def __init__(self, path: str, keys: list[bytes], every: float = 1.0) -> None:
+        self.path, self.every = path, every
         self.digests = [hashlib.sha256(key).digest() for key in keys]
+        self._stamp, self._checked = self._stat(), time.monotonic()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def current(self) -> list[bytes]:
+        if time.monotonic() - self._checked >= self.every:
+            self._checked = time.monotonic()
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    keys = load_keys({KEYS_FILE_ENV: self.path})
+                except KeysError as e:
+                    logging.getLogger("han.service").error("%s; the keys read before stay in use", e)
+                else:
+                    self.digests = [hashlib.sha256(key).digest() for key in keys]
+                    logging.getLogger("han.service").info("API keys read again from %s: %d key(s)", self.path,
+                                                          len(keys))
+        return self.digests
+
+
+class ApiKeyGuard:
+    """ASGI middleware: a request to a guarded path needs ``Authorization: Bearer <one of the keys>``.
+    With ``keys_file`` the keys follow that file (``KeysFile``)."""
+
+    def __init__(self, app: App, keys: list[bytes], open_metrics: bool = False, keys_file: str | None = None) -> None:
+        self.app = app
+        self.keys = KeysFile(keys_file, keys) if keys_file and keys else None
+        self._digests = [hashlib.sha256(key).digest() for key in keys]
         self.open = OPEN_PATHS | ({"/metrics"} if open_metrics else set())
+
+    @property
+    def digests(self) -> list[bytes]:
+        return self.keys.current() if self.keys is not None else self._digests
 
     def allowed(self, authorization: bytes | None) -> bool:
         scheme, _, token = (authorization or b"").partition(b" ")

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from han.attribution import METHODS
+from han.methods import METHODS
 from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, ClassifyRequest
 
 Scope = MutableMapping[str, Any]

@@ -1,9 +1,9 @@
 """``make run``: serve the default model on http://localhost:3000, training it first if there is none.
 
-    python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:latest] [--allow-anonymous]
+    python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:production] [--allow-anonymous]
                           [--ssl-certfile cert.pem --ssl-keyfile key.pem]
 
-The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:latest``. If the BentoML model
+The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:production``. If the BentoML model
 store has no ``han-imdb`` model, the quick IMDB model is trained first
 (``han-train fit --config data/configs/imdb_quick.yaml``, a few minutes on 2 cores), which
 registers it; the next run finds it and starts in seconds. Another tag that is missing is an

@@ -5,13 +5,16 @@ and, with ``explain``, every sentence's and word's weight with character offsets
 the web page at ``/``, ``/docs``, and BentoML's ``/livez``, ``/readyz`` and ``/metrics``; with API
 keys configured, callers need one (``service.auth``).
 
-The model is ``$HAN_MODEL_TAG`` (default ``han-imdb:latest``), declared as a ``BentoModel`` so that
-``bentoml build`` puts it in the bento. Requests pass the guard (``service.guard``), are gathered
-across requests (``service.batcher``) and classified by ``han.Pipeline``, the one inference path.
+The model is ``$HAN_MODEL_TAG`` (default ``han-imdb:production``), declared as a ``BentoModel`` so
+that ``bentoml build`` puts it in the bento. ``NAME`` or ``NAME:production`` follows the production
+pointer while serving (``service.models``); a version, ``NAME:latest`` or a bento's own model is
+served as it is. Requests pass the guard (``service.guard``), are gathered across requests
+(``service.batcher``) and classified by ``han.Pipeline``, the one inference path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -25,9 +28,11 @@ from starlette.responses import JSONResponse
 import han
 from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
 from model_store import MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
-from service.api import ClassifyRequest, ClassifyResponse, explain_method, model_info
+from model_store.production import follows_pointer, production_tag, split_tag
+from service.api import ClassifyRequest, ClassifyResponse, ModelInfo, explain_method
 from service.auth import (
     ANONYMOUS_ENV,
+    KEYS_FILE_ENV,
     METRICS_OPEN_ENV,
     ApiKeyGuard,
     KeysError,
@@ -39,11 +44,12 @@ from service.batcher import RequestBatcher, batch_wait, observe_batch
 from service.connections import SpreadConnections, requests_per_connection
 from service.deadline import use_response_deadline
 from service.guard import RequestGuard, error_response
+from service.models import ModelFollower, Served, count_documents, load_served
 from service.pages import make_pages
 from service.settings import whole_number
 
 apply_defaults()
-Request = tuple[list[str], str | None]  # (documents, explanation method or None)
+Request = tuple[list[str], str | None, Served]  # (documents, explanation method or None, the model it runs on)
 # BentoML logs every request and opens a tracing span for it; with no trace exporter configured the
 # spans go nowhere. The two cost about 0.5 ms of CPU a request, as much as classifying a short
 # review (BENCHMARKS.md). HAN_ACCESS_LOG=1 turns the log back on; a deployment with a trace exporter
@@ -52,21 +58,24 @@ OBSERVABILITY: dict[str, Any] = {"logging": {"access": {"enabled": os.environ.ge
                                  "tracing": {"excluded_urls": [".*"]}}
 
 
-def served_model_tag() -> str:
-    """The model to serve: ``$HAN_MODEL_TAG``; else, in a built bento, the model it was built with;
-    else ``han-imdb:latest``. (A bento pins its model: a newer han-imdb in the store does not change it.)
-    """
-    if os.environ.get(MODEL_TAG_ENV):
-        return default_model_tag()
+def served_model() -> tuple[str, str | None]:
+    """The version to serve first, and the model name whose production pointer it follows (None: it
+    stays). ``$HAN_MODEL_TAG``; else, in a built bento, the model it was built with (a bento pins its
+    model); else ``han-imdb:production``."""
+    ref = os.environ.get(MODEL_TAG_ENV, "").strip()
     bento_yaml = Path(__file__).resolve().parent.parent.parent / "bento.yaml"  # <bento>/src/service/service.py
-    if bento_yaml.is_file():
+    if not ref and bento_yaml.is_file():
         import yaml
 
         info = yaml.safe_load(bento_yaml.read_text(encoding="utf-8")) or {}
         for service in info.get("services") or []:
             if service.get("name") == "HANClassifier" and service.get("models"):
-                return str(service["models"][0]["tag"])
-    return default_model_tag()
+                return str(service["models"][0]["tag"]), None
+    ref = ref or default_model_tag()
+    if not follows_pointer(ref):
+        return ref, None
+    name = split_tag(ref)[0]
+    return production_tag(name) or f"{name}:latest", name
 
 
 def refuse_unservable_language(tag: str) -> None:
@@ -96,7 +105,7 @@ def api_keys() -> list[bytes]:
 
 
 use_response_deadline()  # before BentoML builds a worker's app
-MODEL_TAG = served_model_tag()
+MODEL_TAG, FOLLOWS = served_model()
 refuse_unservable_language(MODEL_TAG)
 API_KEYS = api_keys()
 try:
@@ -125,20 +134,35 @@ class HANClassifier:
         # kept from handing every batch's tensors back to the kernel (han.environment.tune_process).
         tune_process()
         stored = self.bento_model
-        saved = han.SavedModel.load(stored.path)
-        self.pipeline = han.Pipeline(saved)
+        served = load_served(str(stored.tag), Path(stored.path), stored.info.creation_time.isoformat())
+        self.follower = ModelFollower(FOLLOWS, served) if FOLLOWS else None
+        self._served = served
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=self._rest, wait=BATCH_WAIT,
         )
-        self.info = model_info(str(stored.tag), stored.info.creation_time.isoformat(), saved)
         freeze_loaded_objects()  # the collector then walks only what requests allocate
+
+    @property
+    def served(self) -> Served:
+        """The version new requests go to."""
+        return self.follower.current if self.follower else self._served
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.served.info
+
+    @bentoml.on_startup
+    def _follow(self) -> None:
+        """Follow the production pointer (a task of this worker's event loop, kept referenced)."""
+        if self.follower is not None:
+            self._following = asyncio.get_running_loop().create_task(self.follower.run())
 
     def _rest(self) -> None:
         """Once idle, a worker returns to its size at start: the pipeline's caches, then the freed
         heap, go back (70-80 ms measured in process, in the inference thread; a request that arrives
         meanwhile waits for it, and the first documents after it segment about 1 ms slower)."""
-        self.pipeline.release_caches()
+        self.served.pipeline.release_caches()
         release_free_memory()
 
     @bentoml.api(route="/classify", input_spec=ClassifyRequest, output_spec=ClassifyResponse)
@@ -147,20 +171,22 @@ class HANClassifier:
 
         Results come back in input order; documents from concurrent requests are batched together.
         """
-        results = await self.batcher((documents, explain_method(explain)))
+        served = self.served  # the request finishes on this version, whatever is promoted meanwhile
+        results = await self.batcher((documents, explain_method(explain), served))
         if isinstance(results, han.DocumentError):
             return error_response(422, f"documents[{results.index}]: {results.reason}")
-        return ClassifyResponse.model_construct(results=results)
+        count_documents(served.tag, len(results))
+        return ClassifyResponse.model_construct(results=results, model=served.tag)
 
     def _run_batch(self, requests: list[Request]) -> list[list[han.DocumentResult] | han.DocumentError]:
-        """Classify the documents of several requests in as few pipeline calls as possible (one per method).
-        A request with a bad document gets its first one back (its index within the request)."""
+        """Classify the documents of several requests in as few pipeline calls as possible (one per model
+        version and method). A request with a bad document gets its first one back (its index within it)."""
         out: list[list[han.DocumentResult] | han.DocumentError] = [[] for _ in requests]
-        for method in dict.fromkeys(m for _, m in requests):
-            members = [r for r, (_, m) in enumerate(requests) if m == method]
+        for served, method in dict.fromkeys((s, m) for _, m, s in requests):
+            members = [r for r, (_, m, s) in enumerate(requests) if m == method and s is served]
             texts = [text for r in members for text in requests[r][0]]
-            results = self.pipeline(texts, explain="full" if method else None, method=method or "attention",
-                                    errors="return")
+            results = served.pipeline(texts, explain="full" if method else None, method=method or "attention",
+                                      errors="return")
             start = 0
             for r in members:
                 mine = results[start : start + len(requests[r][0])]
@@ -172,5 +198,6 @@ class HANClassifier:
 
 # The first added is the outermost: every response counts, a refused one too.
 HANClassifier.add_asgi_middleware(SpreadConnections, requests=REQUESTS_PER_CONNECTION)
-HANClassifier.add_asgi_middleware(ApiKeyGuard, keys=API_KEYS, open_metrics=os.environ.get(METRICS_OPEN_ENV) == "1")
+HANClassifier.add_asgi_middleware(ApiKeyGuard, keys=API_KEYS, open_metrics=os.environ.get(METRICS_OPEN_ENV) == "1",
+                                  keys_file=os.environ.get(KEYS_FILE_ENV, "").strip() or None)
 HANClassifier.add_asgi_middleware(RequestGuard)  # after the key check: a caller without a key is not read

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from han import Pipeline, SavedModel
-from han.attribution import METHODS, SIGNED, attribute, integrated_gradients
+from han.attribution import attribute, integrated_gradients
 from han.batch import collate_flat
+from han.methods import METHODS, SIGNED
 from han.vocab import Vocabulary
 from tests.tiny_model import train_tiny_model
 

@@ -96,6 +96,7 @@ def keyed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     saved.metadata.update(train_data=PRIVATE, config={"data": {"train": PRIVATE}})
     (keys := tmp / "keys").write_text("\n".join(KEYS) + "\n")
     server = ServiceServer.start(saved.save(tmp / "model"), env={"HAN_API_KEYS_FILE": str(keys), "HAN_ACCESS_LOG": "1"})
+    server.extra["keys_file"] = keys
     request.addfinalizer(server.stop)
     return server
 
@@ -301,3 +302,29 @@ def test_the_page_asks_for_the_key_and_keeps_it_in_the_tab(keyed: ServiceServer,
     page.click("#classify")
     page.wait_for_function("document.body.dataset.state")
     assert page.evaluate("document.body.dataset.state") == "done"
+
+
+def test_a_key_rotates_in_the_keys_file_without_a_restart(keyed: ServiceServer) -> None:
+    """The file is read again when it changes: the new key works and the removed one is refused within
+    5 s, in every worker, while the key kept in the file is never refused; a file left empty mid-rotation
+    changes nothing."""
+    keys_file, new = keyed.extra["keys_file"], "rotated-key-" + "k" * 24
+    body = json.dumps({"documents": [DOCUMENT], "explain": False}).encode()
+    pid = keyed.process.pid
+    try:
+        keys_file.write_text(f"{new}\n{KEYS[1]}\n")  # KEYS[0] rotated out, KEYS[1] kept
+        started, settled = time.monotonic(), 0
+        while settled < 8:  # eight rounds in a row, over fresh connections: both workers have followed
+            assert time.monotonic() - started < 5, "the rotation was not in force within 5 s"
+            new_ok = keyed.request("POST", "/classify", body, auth(new))[0] == 200
+            old_refused = keyed.request("POST", "/classify", body, auth(KEYS[0]))[0] == 401
+            assert keyed.request("POST", "/classify", body, auth(KEYS[1]))[0] == 200  # never refused
+            settled = settled + 1 if new_ok and old_refused else 0
+        keys_file.write_text("")  # a rotation caught half-way: the keys read before stay
+        time.sleep(2.5)
+        assert keyed.request("POST", "/classify", body, auth(new))[0] == 200
+        assert "the keys read before stay in use" in keyed.log()
+        assert keyed.process.poll() is None and keyed.process.pid == pid  # no restart
+    finally:
+        keys_file.write_text("\n".join(KEYS) + "\n")
+        time.sleep(1.5)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,8 +111,9 @@ def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRe
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
     for explain in ("full", None):
         results = pipeline(texts, explain=explain)
-        data = json.loads(ClassifyResponse.model_construct(results=results).model_dump_json())
+        data = json.loads(ClassifyResponse.model_construct(results=results, model="han-test:v1").model_dump_json())
         ClassifyResponse.model_validate(data)
+        assert data["model"] == "han-test:v1"
         for text, result, prediction in zip(texts, data["results"], results, strict=True):
             assert result["label"] == prediction.label and result["labels"] == prediction.labels
             assert result["scores"] == prediction.scores
@@ -128,10 +130,14 @@ def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRe
                 assert all(text[w["start"] : w["end"]] == w["text"] for w in words)
 
 
-def test_served_model_tag_prefers_the_environment():
-    code = "from service.service import served_model_tag; print(served_model_tag())"
-    for env, expected in (({"HAN_MODEL_TAG": "something:v1"}, "something:v1"), ({}, "han-imdb:latest")):
-        environ = {k: v for k, v in os.environ.items() if k != "HAN_MODEL_TAG"} | env
+def test_served_model_prefers_the_environment_and_follows_a_name(tmp_path: Path):
+    """A version is served as it is; a name (the default han-imdb:production) follows its pointer, which
+    names no version in an empty store: the latest then."""
+    code = "from service.service import served_model; print(*served_model())"
+    for env, expected in (({"HAN_MODEL_TAG": "something:v1"}, "something:v1 None"),
+                          ({"HAN_MODEL_TAG": "something"}, "something:latest something"),
+                          ({}, "han-imdb:latest han-imdb")):
+        environ = {k: v for k, v in os.environ.items() if k != "HAN_MODEL_TAG"} | env | {"BENTOML_HOME": str(tmp_path)}
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
         assert done.stdout.strip().splitlines()[-1] == expected, done.stderr[-2000:]
 

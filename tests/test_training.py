@@ -128,14 +128,30 @@ def test_a_short_fit_with_the_configs_ema_exports_a_trained_model(tmp_path: Path
 
 
 def test_a_run_without_test_data_registers_its_validation_metrics(tmp_path: Path) -> None:
-    """`--data.test null` leaves unset entries in the metadata; registration must still work."""
-    fit(tmp_path, "--data.test", "null", "--export.register", "true", "--export.name", "han-no-test")
+    """`--data.test null` leaves unset entries in the metadata; registration must still work. With
+    --export.compare_with, the comparison with the champion (on validation here) is registered too."""
+    from tests.tiny_model import train_tiny_model
+
+    champion = model_store.register(train_tiny_model()[0], "han-champion")
+    fit(tmp_path, "--data.test", "null", "--export.register", "true", "--export.name", "han-no-test",
+        "--export.compare_with", "han-champion:latest")
     import bentoml
+
+    comparison = bentoml.models.get("han-no-test:latest").info.metadata["comparison"]
+    assert comparison["old_tag"] == champion and comparison["data"] == "the validation split"
+    assert comparison["metric"] == "accuracy" and comparison["verdict"] in ("better", "worse", "no clear difference")
 
     info = bentoml.models.get("han-no-test:latest").info
     assert "validation" in info.metadata["metrics"] and "test" not in info.metadata["metrics"]
     assert "test_data" not in info.metadata
     assert model_store.load("han-no-test:latest").metadata["test_data"] is None
+
+
+def test_an_unknown_champion_stops_the_fit_before_it_trains(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--export.compare_with", "han-nothing:v1")
+    assert "export.compare_with: no BentoML model named 'han-nothing:v1'" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> None:

@@ -65,3 +65,12 @@ def with_ngram_head(saved: SavedModel, han_share: float) -> SavedModel:
     baseline = train_baseline([r["text"] for r in rows], targets, multi_label=False)
     saved.ngrams = head_from_baseline(baseline, len(saved.labels), han_share)
     return saved
+
+
+def worse_model(saved: SavedModel) -> SavedModel:
+    """``saved`` made deliberately worse: its label head negated, so it prefers the labels it ranked last."""
+    with torch.no_grad():
+        saved.model.head.weight.neg_()
+        saved.model.head.bias.neg_()
+    saved.metadata = {**saved.metadata, "dataset": "fixture, head negated"}
+    return saved

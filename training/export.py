@@ -80,18 +80,29 @@ class ExportModel(pl.Callback):
         ngram_head: with the baseline: keep it beside the HAN as an n-gram head when
             averaging the two models' probabilities scores better on validation, with the HAN's share
             chosen there (training.ngram_head); every caller's scores are then the average.
+        compare_with: a stored model (e.g. ``han-imdb:production``) to compare the new one with on the
+            test split (else validation) before it is registered: the figures of ``han-model compare``,
+            logged and kept in the model's metadata, where ``han-model promote`` finds them.
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
                  threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
                  faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1,
-                 ngram_head: bool = True) -> None:
+                 ngram_head: bool = True, compare_with: str | None = None) -> None:
         if faithfulness < 0 or faithfulness_tau < 0:
             raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
         if faithfulness_budget is not None and not faithfulness_budget > 0:
             raise ValueError(f"export.faithfulness_budget must be above 0 (null for none), not {faithfulness_budget}")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
+        if compare_with:  # an unknown tag stops the run now, not after the fit
+            from model_store import ModelNotFoundError, resolve_tag
+
+            try:
+                compare_with = resolve_tag(compare_with)
+            except ModelNotFoundError as e:
+                raise ValueError(f"export.compare_with: {e}") from None
+        self.compare_with = compare_with
         self.name = name
         self.register = register
         self.output_dir = output_dir
@@ -139,6 +150,8 @@ class ExportModel(pl.Callback):
             saved.metadata["baseline"] = baseline
         if faithfulness:
             saved.metadata["faithfulness"] = faithfulness
+        if self.compare_with:
+            saved.metadata["comparison"] = self._compare(saved, data)
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
         if self.register:
@@ -146,6 +159,21 @@ class ExportModel(pl.Callback):
 
             self.tag = register(saved, self.name or "han-model")
             rank_zero_info(f"registered in the BentoML model store as {self.tag}")
+
+    def _compare(self, saved: SavedModel, data: Any) -> dict[str, Any]:
+        from model_store import load
+        from training.compare import check_comparable, compare_saved, format_comparison
+
+        split = "test" if "test" in data.splits else "validation"
+        champion = load(self.compare_with)
+        check_comparable(saved, champion, "the new model", self.compare_with)
+        texts, targets = _split(data, split)
+        with Step(f"comparing with {self.compare_with} on {split}", len(texts)) as step:
+            result = compare_saved(saved, champion, texts, targets, progress=step.stage)
+        result = {"new": "this fit", "old": self.compare_with, "old_tag": self.compare_with,
+                  "data": f"the {split} split", **result}
+        rank_zero_info(format_comparison(result))
+        return result
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and trainer.state.fn == "test":

@@ -1,0 +1,186 @@
+"""The production pointer: which version of a model name is served, movable and reversible.
+
+A pointer is a small JSON file beside BentoML's model store (``$BENTOML_HOME/deployments/NAME/``),
+so every server that shares the store follows it: ``NAME:production`` names the version it points
+to. Promotion and rollback move it under a lock (one at a time) with an atomic write; its history
+is what ``rollback`` walks back. Each serving worker reports what it serves in ``replicas/``, which
+is how ``han-model promote`` knows that the servers followed, or why one could not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+PRODUCTION = "production"
+REPLICA_FRESH_SECONDS = 10.0  # a replica that has not reported for this long is taken as stopped
+
+
+class PromotionError(RuntimeError):
+    """A promotion or rollback that cannot be done; the message is one line naming the problem."""
+
+
+def bentoml_home() -> Path:
+    return Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml").expanduser()
+
+
+def deployment_dir(name: str) -> Path:
+    return bentoml_home() / "deployments" / name
+
+
+def pointer_path(name: str) -> Path:
+    return deployment_dir(name) / "production.json"
+
+
+def split_tag(ref: str) -> tuple[str, str | None]:
+    name, _, version = str(ref).partition(":")
+    return name, version or None
+
+
+def follows_pointer(ref: str) -> bool:
+    """``NAME`` and ``NAME:production`` follow the pointer; ``NAME:VERSION`` and ``NAME:latest`` do not."""
+    _, version = split_tag(ref)
+    return version in (None, PRODUCTION) and "/" not in str(ref)
+
+
+def read_pointer(name: str) -> dict[str, Any] | None:
+    """The pointer's record (``tag``, ``history``), or None when the name was never promoted."""
+    try:
+        record = json.loads(pointer_path(name).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise PromotionError(f"{pointer_path(name)}: the production pointer cannot be read ({e})") from None
+    return record if isinstance(record, dict) and isinstance(record.get("tag"), str) else None
+
+
+def production_tag(name: str) -> str | None:
+    record = read_pointer(name)
+    return None if record is None else record["tag"]
+
+
+def pointer_stamp(name: str) -> tuple[int, int] | None:
+    """A cheap change check for a watcher: the pointer file's (mtime_ns, inode), or None."""
+    try:
+        st = pointer_path(name).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Atomically: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Held for a whole promotion or rollback; a second one at the same time fails at once."""
+    path = deployment_dir(name) / "promote.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise PromotionError(f"another promotion or rollback of {name} is under way ({holder}); "
+                                 "try again when it has finished") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def set_pointer(tag: str, action: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Point ``NAME:production`` at ``tag`` (call under ``locked``); the previous tag goes on the history."""
+    name, _ = split_tag(tag)
+    record = read_pointer(name) or {"name": name, "tag": None, "history": []}
+    entry = {"tag": tag, "action": action, "at": _now(), "previous": record["tag"], **(details or {})}
+    record = {"name": name, "tag": tag, "history": [*record.get("history", []), entry]}
+    _write_json(pointer_path(name), record)
+    return record
+
+
+def restore_pointer(record: dict[str, Any] | None, name: str) -> None:
+    """Put back a pointer record read before a change (None: there was none)."""
+    if record is None:
+        pointer_path(name).unlink(missing_ok=True)
+    else:
+        _write_json(pointer_path(name), record)
+
+
+def rollback_target(name: str) -> str:
+    """The version in production before the current one (the history walked back past rollbacks)."""
+    record = read_pointer(name)
+    if record is None:
+        raise PromotionError(f"{name} has never been promoted: there is nothing to roll back "
+                             f"(han-model promote {name}:VERSION sets its production version)")
+    current, stack = record["tag"], []
+    for entry in record.get("history", []):  # replay: a promotion pushes, a rollback pops
+        if entry.get("action") == "rollback":
+            if stack:
+                stack.pop()
+        else:
+            stack.append(entry["tag"])
+    earlier = [tag for tag in stack[:-1] if tag != current]
+    if not earlier:
+        raise PromotionError(f"{name} has no earlier production version to roll back to (it serves {current})")
+    return earlier[-1]
+
+
+# -- what each serving worker reports ---------------------------------------------------------------------
+
+
+def replica_path(name: str, replica: str) -> Path:
+    return deployment_dir(name) / "replicas" / f"{replica}.json"
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def report_replica(name: str, serving: str, failed: dict[str, str] | None, url: str | None = None) -> None:
+    """A worker's report: the version it serves and the last promoted version it could not load."""
+    _write_json(replica_path(name, replica_id()),
+                {"serving": serving, "failed": failed, "pid": os.getpid(), "host": socket.gethostname(),
+                 "url": url, "seen": time.time()})
+
+
+def forget_replica(name: str) -> None:
+    replica_path(name, replica_id()).unlink(missing_ok=True)
+
+
+def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS) -> dict[str, dict[str, Any]]:
+    """The replicas that reported within ``fresh`` seconds (others stopped: their files are removed)."""
+    folder, out = deployment_dir(name) / "replicas", {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # being replaced right now; read at the next poll
+        if time.time() - float(report.get("seen", 0)) <= fresh:
+            out[path.stem] = report
+        elif time.time() - float(report.get("seen", 0)) > 10 * fresh:
+            path.unlink(missing_ok=True)
+    return out

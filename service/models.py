@@ -1,0 +1,128 @@
+"""The served model, and how a running worker follows the production pointer without a restart.
+
+A worker polls ``NAME``'s pointer (model_store.production) once a second. When it names another
+version, that version is loaded beside the serving one, in a thread, and checked on a document;
+then new requests go to it, while the requests already taken finish on the model they started on
+(each request holds its ``Served``). The old model is freed when the last of them is answered. A
+version that cannot be loaded is logged and reported, and the serving version stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import bentoml
+
+import han
+from han.environment import release_free_memory
+from model_store import model_path
+from model_store.production import forget_replica, pointer_stamp, production_tag, report_replica
+from service.api import ModelInfo, model_info
+
+logger = logging.getLogger("han.service")
+logger.setLevel(logging.INFO)  # a switch is worth a line in the log (the root logger says warnings only)
+POLL_SECONDS = 1.0  # how often a worker looks at the pointer: a promotion is served within about this
+REPORT_SECONDS = 2.0  # how often it says what it serves (han-model promote waits for these reports)
+
+
+@dataclass(eq=False)
+class Served:
+    """One loaded version: its tag, its pipeline and what GET /model says of it."""
+
+    tag: str
+    pipeline: han.Pipeline
+    info: ModelInfo
+
+
+def load_served(tag: str, path: Path | None = None, registered_at: str | None = None) -> Served:
+    """Load ``tag`` and classify one document with it, so that a model that cannot serve fails here,
+    beside the serving one, rather than on a request."""
+    if path is None:
+        path = model_path(tag)
+        registered_at = bentoml.models.get(tag).info.creation_time.isoformat()
+    saved = han.SavedModel.load(path)
+    han.check_language(saved.segmenter.language)
+    pipeline = han.Pipeline(saved)
+    pipeline(["A short check."], explain="full")
+    return Served(tag, pipeline, model_info(tag, registered_at or "", saved))
+
+
+_documents = None
+
+
+def count_documents(tag: str, documents: int) -> None:
+    """``han_documents_total{model=TAG}`` in /metrics (created on first use, after BentoML's set-up)."""
+    global _documents
+    if _documents is None:
+        from prometheus_client import Counter
+
+        _documents = Counter("han_documents", "Documents classified, by the model version that answered", ["model"])
+    _documents.labels(model=tag).inc(documents)
+
+
+class ModelFollower:
+    """Keeps ``current`` on the version that ``name``'s production pointer names."""
+
+    def __init__(self, name: str, current: Served) -> None:
+        self.name = name
+        self.current = current
+        self.failed: dict[str, str] | None = None  # the last promoted version that could not be loaded
+        self._stamp = pointer_stamp(name)
+        self._reported = 0.0
+
+    async def run(self) -> None:
+        try:
+            while True:
+                with contextlib.suppress(Exception):  # a bad poll must never end the following
+                    await self.poll()
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            with contextlib.suppress(OSError):
+                forget_replica(self.name)
+
+    async def poll(self) -> None:
+        stamp = pointer_stamp(self.name)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            wanted = production_tag(self.name)
+            if wanted and wanted != self.current.tag:
+                await self.switch(wanted)
+        if time.monotonic() - self._reported >= REPORT_SECONDS:
+            await anyio.to_thread.run_sync(report_replica, self.name, self.current.tag, self.failed)
+            self._reported = time.monotonic()
+
+    async def switch(self, tag: str) -> None:
+        started = time.monotonic()
+        try:
+            new = await anyio.to_thread.run_sync(load_served, tag)
+        except Exception as e:  # whatever it is, the serving version stays
+            reason = f"{e.__class__.__name__}: {e}".splitlines()[0]
+            self.failed = {"tag": tag, "reason": reason}
+            logger.error("cannot serve %s (promoted to production): %s; still serving %s", tag, reason,
+                         self.current.tag)
+            self._reported = 0.0
+            return
+        old, self.current, self.failed, self._reported = self.current, new, None, 0.0
+        logger.info("now serving %s (was %s; loaded in %.1f s)", tag, old.tag, time.monotonic() - started)
+        asyncio.get_running_loop().create_task(release_when_done(weakref.ref(old)))
+        del old
+
+
+async def release_when_done(old: weakref.ref[Served], timeout: float = 300.0) -> None:
+    """Once the last request on the old model is answered, give its memory back: the model was
+    frozen out of the collector's reach at start (han.environment.freeze_loaded_objects)."""
+    deadline = time.monotonic() + timeout
+    while old() is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    release_free_memory()

@@ -1,0 +1,193 @@
+"""Promotion and rollback with ``han-model``, followed by two running servers that share one model
+store, under a steady stream of requests: no request fails, every answer names its version, the
+switch is served within 5 s, and a version that cannot load never replaces the serving one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from han import SavedModel
+from service.process import free_port, start_server, stop_process_group, wait_ready
+from tests.service_server import REPO, base_env, register_model
+from tests.tiny_model import FIXTURES, train_tiny_model, worse_model
+
+pytestmark = pytest.mark.slow
+NAME = "han-promo"
+DATA = FIXTURES / "reviews.jsonl"
+
+
+def han_model(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "training.model_cli", *args], cwd=REPO, env=base_env(home),
+                          capture_output=True, text=True, timeout=300)
+
+
+def model_of(url: str) -> str:
+    with urllib.request.urlopen(url + "/model", timeout=30) as response:
+        return json.loads(response.read())["tag"]
+
+
+class Traffic(threading.Thread):
+    """Requests with explanations, one after another, to each server in turn, until stopped."""
+
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.answers, self.errors = urls, [], []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        body = json.dumps({"documents": ["A fine film. The plot was dull."], "explain": True}).encode()
+        i = 0
+        while not self.stop.is_set():
+            url = self.urls[i % len(self.urls)]
+            i += 1
+            request = urllib.request.Request(url + "/classify", data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    self.answers.append((time.monotonic(), url, json.loads(response.read())["model"]))
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                self.errors.append(repr(e))
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory):
+    """A model store with three versions of one model, version A in production, and two servers
+    (one worker each) that follow it."""
+    import torch
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("promotion")
+    home = tmp / "bentoml"
+    tags = {}
+    for key, seed in (("A", 0), ("B", 1)):
+        tags[key] = register_model(train_tiny_model(seed=seed)[0].save(tmp / key), home, NAME)
+    tags["worse"] = register_model(worse_model(SavedModel.load(tmp / "A")).save(tmp / "worse"), home, NAME)
+    promoted = han_model(home, "promote", tags["A"])  # nothing serves yet: said, and done
+    assert promoted.returncode == 0, promoted.stderr
+    assert "no running service follows" in promoted.stdout
+
+    servers, logs = [], []
+    for _ in range(2):
+        port, log = free_port(), tmp / f"server-{len(logs)}.log"
+        env = base_env(home) | {"HAN_WORKERS": "1"}
+        with log.open("wb") as out:
+            servers.append((start_server(NAME, port, env=env, log=out), f"http://127.0.0.1:{port}"))
+        logs.append(log)
+    try:
+        for process, url in servers:
+            assert wait_ready(url, process, timeout=180), logs[0].read_text()[-3000:]
+        yield {"home": home, "tags": tags, "urls": [url for _, url in servers], "logs": logs, "tmp": tmp}
+    finally:
+        for process, _ in servers:
+            stop_process_group(process)
+
+
+def wait_for(urls: list[str], tag: str, within: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if all(model_of(url) == tag for url in urls):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"not every server serves {tag} after {within} s: {[model_of(u) for u in urls]}")
+
+
+def test_both_servers_follow_a_promotion_and_a_rollback_under_load(deployment: dict) -> None:
+    home, tags, urls = deployment["home"], deployment["tags"], deployment["urls"]
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    refused = han_model(home, "promote", tags["B"])  # not compared with the version in production
+    assert refused.returncode == 1 and "has not been compared with" in refused.stderr
+    traffic = Traffic(urls)
+    traffic.start()
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        promoted = han_model(home, "promote", tags["B"], "--data", str(DATA))  # compares, then promotes
+        assert promoted.returncode == 0, promoted.stderr
+        assert "2 service worker(s) serve it" in promoted.stdout and "accuracy" in promoted.stdout
+        assert wait_for(urls, tags["B"], 5) < 5 and time.monotonic() - started < 60
+        time.sleep(1)
+        rolled = han_model(home, "rollback", NAME)
+        assert rolled.returncode == 0, rolled.stderr
+        assert f"rolled back to {tags['A']}" in rolled.stdout
+        wait_for(urls, tags["A"], 5)
+        time.sleep(1)
+    finally:
+        traffic.stop.set()
+        traffic.join(60)
+    assert traffic.errors == []
+    versions = [model for _, _, model in traffic.answers]
+    assert set(versions) == {tags["A"], tags["B"]} and len(versions) > 20
+    with urllib.request.urlopen(urls[0] + "/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    for tag in (tags["A"], tags["B"]):
+        assert f'han_documents_total{{model="{tag}"}}' in metrics
+    status = han_model(home, "status", NAME)
+    assert f"production is {tags['A']}" in status.stdout and status.stdout.count("service ") == 2
+    for log in deployment["logs"]:
+        assert "Traceback" not in log.read_text()
+
+
+def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
+    home, tags, urls = deployment["home"], deployment["tags"], deployment["urls"]
+    compared = han_model(home, "compare", tags["worse"], f"{NAME}:production", "--data", str(DATA))
+    assert compared.returncode == 0, compared.stderr
+    refused = han_model(home, "promote", tags["worse"])
+    assert refused.returncode == 1 and refused.stderr.startswith("error: refused:")
+    assert "worse than" in refused.stderr and "Traceback" not in refused.stderr
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    forced = han_model(home, "promote", tags["worse"], "--force")
+    assert forced.returncode == 0, forced.stderr
+    wait_for(urls, tags["worse"], 5)
+    assert han_model(home, "rollback", NAME).returncode == 0
+    wait_for(urls, tags["A"], 5)
+    history = json.loads((home / "deployments" / NAME / "production.json").read_text())["history"]
+    forced_entry = next(entry for entry in history if entry["tag"] == tags["worse"])
+    assert forced_entry["forced"] and forced_entry["comparison"]["verdict"] == "worse"
+
+
+def test_a_version_that_cannot_load_leaves_the_serving_one(deployment: dict, monkeypatch) -> None:
+    home, tags, urls, tmp = deployment["home"], deployment["tags"], deployment["urls"], deployment["tmp"]
+    broken = register_model(train_tiny_model(seed=2)[0].save(tmp / "broken"), home, NAME)
+    weights = home / "models" / NAME / broken.split(":")[1] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a corrupt model directory
+    refused = han_model(home, "promote", broken, "--force")
+    assert refused.returncode == 1 and "does not load" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and f"production stays on {tags['A']}" in refused.stderr
+
+    # The same version put in production behind han-model's back: the servers refuse it, say why, serve on.
+    monkeypatch.setenv("BENTOML_HOME", str(home))
+    from model_store.production import read_pointer, restore_pointer, set_pointer
+
+    before = read_pointer(NAME)
+    set_pointer(broken, "promote")
+    try:
+        time.sleep(3)
+        assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+        for log in deployment["logs"]:
+            assert f"cannot serve {broken}" in log.read_text()
+    finally:
+        restore_pointer(before, NAME)
+
+
+def test_bad_requests_get_one_line(deployment: dict, monkeypatch) -> None:
+    home, tags = deployment["home"], deployment["tags"]
+    unknown = han_model(home, "promote", f"{NAME}:nosuchversion")
+    assert unknown.returncode == 1 and "no BentoML model named" in unknown.stderr
+    monkeypatch.setenv("BENTOML_HOME", str(home))
+    from model_store.production import locked
+
+    with locked(NAME):  # another promotion under way
+        busy = han_model(home, "promote", tags["B"], "--force")
+    assert busy.returncode == 1 and "another promotion or rollback of han-promo is under way" in busy.stderr
+    for done in (unknown, busy):
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert os.environ["BENTOML_HOME"] == str(home)

@@ -1,0 +1,228 @@
+"""A challenger against the champion on the same labelled documents, before it is promoted.
+
+Both models run through the one inference pipeline (training.report.evaluate). The difference in
+accuracy (micro-F1 for multi-label models) comes with a paired test, because the two models see the
+same documents: exact McNemar on the documents where exactly one of them is right (single-label), a
+paired bootstrap otherwise; and a 95% paired bootstrap interval of the difference. Beside it: the
+classes that moved, calibration (ECE) on these documents, the faithfulness each fit recorded, and
+each model's n-gram head share.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import binomtest
+from sklearn.metrics import f1_score
+
+from han.pipeline import Pipeline
+from han.saved_model import SavedModel
+from model_store import ModelNotFoundError, load, resolve_tag
+from training.report import evaluate
+from training.sources import DataError, load_source
+
+RESAMPLES = 1000
+ALPHA = 0.05  # better or worse only below this p value
+MOVED = 0.02  # a class "moved" when its F1 changed by at least this much
+
+
+class CompareError(ValueError):
+    """One line naming the problem (unknown tag, models of different tasks/labels, unreadable data)."""
+
+
+def compare(new: str, old: str, data: str | Path, text_column: str | None = None, label_column: str | None = None,
+            limit: int | None = None, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """Both models (a model directory or a BentoML tag each) on the labelled documents of ``data``
+    (its first ``limit`` rows)."""
+    models = {}
+    for role, ref in (("new", new), ("old", old)):
+        try:
+            models[role] = (load(ref), ref if Path(ref).is_dir() else resolve_tag(ref))
+        except ModelNotFoundError as e:
+            raise CompareError(str(e)) from None
+    (new_model, new_tag), (old_model, old_tag) = models["new"], models["old"]
+    check_comparable(new_model, old_model, new_tag, old_tag)
+    texts, labels = read_labelled(data, text_column, label_column, new_model.model.config.multi_label, limit)
+    targets = encode_targets(labels, new_model.labels, str(data))
+    result = compare_saved(new_model, old_model, texts, targets, seed=seed, progress=progress)
+    return {"new": new, "old": old, "new_tag": new_tag, "old_tag": old_tag, "data": Path(str(data)).name} | result
+
+
+def check_comparable(new: SavedModel, old: SavedModel, new_name: str, old_name: str) -> None:
+    new_task, old_task = ("multi-label" if m.model.config.multi_label else "single-label" for m in (new, old))
+    if new_task != old_task:
+        raise CompareError(f"{new_name} is {new_task} and {old_name} {old_task}: they cannot be compared")
+    if sorted(new.labels) != sorted(old.labels):
+        only = sorted(set(new.labels) ^ set(old.labels))
+        raise CompareError(f"{new_name} and {old_name} have different labels ({', '.join(only[:5])} in one only): "
+                           "they cannot be compared")
+
+
+def read_labelled(data: str | Path, text_column: str | None, label_column: str | None, multi_label: bool,
+                  limit: int | None) -> tuple[list[str], list[Any]]:
+    try:
+        table = load_source(str(data))
+    except DataError as e:
+        raise CompareError(str(e)) from None
+    text_column = text_column or "text"
+    label_column = label_column or ("labels" if multi_label and "labels" in table.column_names else "label")
+    for column in (text_column, label_column):
+        if column not in table.column_names:
+            raise CompareError(f"{data}: no column {column!r} (it has {', '.join(table.column_names)}); "
+                               "name it with --text-column / --label-column")
+    if limit is not None:
+        table = table.select(range(min(limit, len(table))))
+    if not len(table):
+        raise CompareError(f"{data}: no documents")
+    return [str(t or "") for t in table[text_column]], list(table[label_column])
+
+
+def encode_targets(labels: list[Any], names: list[str], where: str) -> np.ndarray:
+    """Class indices, or a 0/1 matrix when each row holds a list of labels."""
+    index = {name: i for i, name in enumerate(names)}
+
+    def find(label: Any, row: int) -> int:
+        if str(label) not in index:
+            raise CompareError(f"{where}: row {row} has the label {label!r}, which the models do not know "
+                               f"(they know {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
+        return index[str(label)]
+
+    if labels and isinstance(labels[0], (list, tuple)):
+        matrix = np.zeros((len(labels), len(names)), dtype=np.float32)
+        for row, row_labels in enumerate(labels):
+            for label in row_labels:
+                matrix[row, find(label, row)] = 1
+        return matrix
+    return np.array([find(label, row) for row, label in enumerate(labels)])
+
+
+def compare_saved(new: SavedModel, old: SavedModel, texts: list[str], targets: np.ndarray, seed: int = 0,
+                  progress: Any = None) -> dict[str, Any]:
+    """The comparison of two loaded models on ``texts`` (``targets`` in the new model's label order)."""
+    reports = {}
+    for role, saved in (("new", new), ("old", old)):
+        order = [saved.labels.index(label) for label in new.labels]  # the same labels, maybe in another order
+        mine = targets[:, np.argsort(order)] if targets.ndim == 2 else np.array(order)[targets]
+        reports[role] = (evaluate(Pipeline(saved, batch_size=256), texts, mine, progress=progress), saved)
+    multi = bool(new.model.config.multi_label)
+    predicted = {role: _predictions(report, new.labels, multi) for role, (report, _) in reports.items()}
+    rng = np.random.default_rng(seed)
+    if multi:
+        truth = targets.astype(bool)
+        scores = {role: float(f1_score(truth, p, average="micro", zero_division=0)) for role, p in predicted.items()}
+        diffs = _bootstrap(lambda idx: _micro_f1(truth[idx], predicted["new"][idx])
+                           - _micro_f1(truth[idx], predicted["old"][idx]), len(texts), rng)
+        p_value, test = float(min(1.0, 2 * min((diffs <= 0).mean(), (diffs >= 0).mean()))), "paired bootstrap"
+        if scores["new"] == scores["old"]:
+            p_value = 1.0
+    else:
+        right = {role: p == targets for role, p in predicted.items()}
+        scores = {role: float(r.mean()) for role, r in right.items()}
+        diffs = _bootstrap(lambda idx: right["new"][idx].mean() - right["old"][idx].mean(), len(texts), rng)
+        p_value, test = mcnemar_exact(int((right["new"] & ~right["old"]).sum()),
+                                      int((~right["new"] & right["old"]).sum())), "exact McNemar"
+    difference = scores["new"] - scores["old"]
+    verdict = "no clear difference" if p_value >= ALPHA or difference == 0 else (
+        "better" if difference > 0 else "worse")
+    return {
+        "documents": len(texts), "task": "multi-label" if multi else "single-label",
+        "metric": "micro_f1" if multi else "accuracy",
+        "new_score": round(scores["new"], 4), "old_score": round(scores["old"], 4),
+        "difference": round(difference, 4),
+        "interval": [round(float(np.quantile(diffs, 0.025)), 4), round(float(np.quantile(diffs, 0.975)), 4)],
+        "p_value": round(p_value, 6), "test": test, "verdict": verdict,
+        "classes": _classes(new.labels, targets, predicted, multi),
+        "calibration": {role: report["calibration"]["ece_after"] for role, (report, _) in reports.items()},
+        "faithfulness": {role: _faithfulness(saved) for role, (_, saved) in reports.items()},
+        "ngram_share": {role: _share(saved) for role, (_, saved) in reports.items()},
+    }
+
+
+def mcnemar_exact(only_new: int, only_old: int) -> float:
+    """Two-sided exact McNemar: the documents only one model gets right, split as a fair coin would."""
+    n = only_new + only_old
+    return 1.0 if n == 0 else float(binomtest(only_new, n, 0.5).pvalue)
+
+
+def worse_beyond_noise(result: dict[str, Any]) -> bool:
+    return result.get("verdict") == "worse"
+
+
+def _predictions(report: dict[str, Any], labels: list[str], multi: bool) -> np.ndarray:
+    if multi:
+        return np.array([[label in r.labels for label in labels] for r in report["results"]], dtype=bool)
+    index = {label: i for i, label in enumerate(labels)}
+    return np.array([index[r.label] for r in report["results"]])
+
+
+def _micro_f1(truth: np.ndarray, predicted: np.ndarray) -> float:
+    hits = (truth & predicted).sum()
+    return float(2 * hits / max(1, truth.sum() + predicted.sum()))
+
+
+def _bootstrap(statistic: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    return np.array([statistic(rng.integers(0, n, n)) for _ in range(RESAMPLES)])
+
+
+def _classes(labels: list[str], targets: np.ndarray, predicted: dict[str, np.ndarray], multi: bool) -> dict:
+    """Each class's F1 under both models; single-label: its documents that turned right or wrong."""
+    out = {}
+    for i, label in enumerate(labels):
+        truth = targets[:, i].astype(bool) if multi else targets == i
+        f1 = {role: float(f1_score(truth, (p[:, i] if multi else p == i), zero_division=0))
+              for role, p in predicted.items()}
+        entry = {"f1_new": round(f1["new"], 4), "f1_old": round(f1["old"], 4),
+                 "change": round(f1["new"] - f1["old"], 4), "support": int(truth.sum())}
+        if not multi:
+            right_new, right_old = predicted["new"][truth] == i, predicted["old"][truth] == i
+            entry |= {"now_right": int((right_new & ~right_old).sum()),
+                      "now_wrong": int((~right_new & right_old).sum())}
+        entry["moved"] = abs(entry["change"]) >= MOVED
+        out[label] = entry
+    return out
+
+
+def _faithfulness(saved: SavedModel) -> dict[str, Any] | None:
+    recorded = saved.metadata.get("faithfulness")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("methods"), dict):
+        return None
+    out = {}
+    for method, figures in recorded["methods"].items():
+        ratio = (figures.get("x_random") or {}).get("top1_sentence_drop") or {}
+        out[method] = {"top_sentence_x_random": ratio.get("ratio"), "interval": ratio.get("interval"),
+                       "comprehensiveness": figures.get("comprehensiveness_aopc"),
+                       "sufficiency": figures.get("sufficiency_aopc")}
+    return out
+
+
+def _share(saved: SavedModel) -> float | None:
+    head = saved.metadata.get("ngram_head")
+    return float(head["han_share"]) if saved.ngrams is not None and isinstance(head, dict) else None
+
+
+def format_comparison(r: dict[str, Any]) -> str:
+    """The comparison as a short plain-text report."""
+    low, high = r["interval"]
+    lines = [
+        f"{r.get('new_tag', r.get('new'))} (new) against {r.get('old_tag', r.get('old'))} (old) on {r.get('data')}: "
+        f"{r['documents']:,} documents, {r['task']}",
+        f"  {r['metric']}: new {r['new_score']:.4f}, old {r['old_score']:.4f}, difference {r['difference']:+.4f} "
+        f"(95% interval {low:+.4f} to {high:+.4f}; {r['test']} p = {r['p_value']:.3g}): {r['verdict']}",
+        f"  calibration (ECE): new {r['calibration']['new']:.4f}, old {r['calibration']['old']:.4f}",
+        "  n-gram head, the HAN's share: new {}, old {}".format(
+            *(("none (the HAN alone)" if s is None else f"{s:g}") for s in (r["ngram_share"]["new"],
+                                                                             r["ngram_share"]["old"]))),
+    ]
+    moved = {label: c for label, c in r["classes"].items() if c["moved"]}
+    lines.append(f"  classes that moved (F1 by {MOVED} or more): " + (", ".join(
+        f"{label} {c['f1_old']:.3f} -> {c['f1_new']:.3f}" for label, c in list(moved.items())[:10]) or "none"))
+    for role in ("new", "old"):
+        f = r["faithfulness"][role]
+        if f:
+            lines.append(f"  faithfulness recorded for {role}: " + "; ".join(
+                f"{m} top sentence {v['top_sentence_x_random']}x random" for m, v in f.items()))
+        else:
+            lines.append(f"  faithfulness recorded for {role}: none")
+    return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""``han-model``: compare a retrained model with the one in production, promote it, roll it back.
+
+    han-model compare han-imdb:NEW han-imdb:production --data ../shared/datasets/imdb/test.parquet
+    han-model promote han-imdb:NEW                 # refused if worse than production beyond the noise
+    han-model rollback han-imdb                    # back to the version before
+    han-model status han-imdb                      # the production version, its history, the servers
+
+Services started with ``HAN_MODEL_TAG=NAME`` (or ``NAME:production``, the default for han-imdb) and
+sharing the model store follow the pointer within seconds; ``promote`` and ``rollback`` wait until
+every running one serves the new version, and put the pointer back if one cannot load it. Nothing
+here is reachable over HTTP: whoever may change the served model needs the model store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from han.environment import apply_defaults
+from model_store import ModelNotFoundError, model_path, resolve_tag
+from model_store.production import (
+    PromotionError,
+    deployment_dir,
+    live_replicas,
+    locked,
+    production_tag,
+    read_pointer,
+    restore_pointer,
+    rollback_target,
+    set_pointer,
+    split_tag,
+)
+
+WAIT_SECONDS = 60.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="han-model", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    compare = commands.add_parser("compare", help="both models on the same labelled documents")
+    compare.add_argument("new", help="the challenger: a tag (NAME:VERSION) or a model directory")
+    compare.add_argument("old", help="the champion, e.g. NAME:production")
+    _data_arguments(compare, required=True)
+    compare.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+
+    promote = commands.add_parser("promote", help="make a version the one in production")
+    promote.add_argument("tag", help="NAME:VERSION (or NAME:latest)")
+    _data_arguments(promote, required=False)
+    promote.add_argument("--force", action="store_true",
+                         help="promote without a comparison, or although it is worse beyond the noise")
+    promote.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
+                         help=f"how long to wait for the running services to follow (default {WAIT_SECONDS:g})")
+
+    rollback = commands.add_parser("rollback", help="put the previous production version back")
+    rollback.add_argument("name", help="the model name, e.g. han-imdb")
+    rollback.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS")
+
+    status = commands.add_parser("status", help="the production version, its history and the services")
+    status.add_argument("name")
+    return parser.parse_args(argv)
+
+
+def _data_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--data", required=required, metavar="FILE",
+                        help="labelled documents (Parquet, CSV or JSON Lines)" + ("" if required else
+                        ": compare with the production version on them first"))
+    parser.add_argument("--text-column", default=None, help="the text column (default: text)")
+    parser.add_argument("--label-column", default=None, help="the label column (default: label, or labels)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many documents")
+
+
+def comparison_path(new: str, old: str) -> Path:
+    name, new_version = split_tag(new)
+    return deployment_dir(name) / "comparisons" / f"{new_version}-vs-{split_tag(old)[1]}.json"
+
+
+def run_compare(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
+    from training.compare import compare, format_comparison
+
+    result = compare(new, old, args.data, text_column=args.text_column, label_column=args.label_column,
+                     limit=args.limit)
+    print(format_comparison(result), flush=True)
+    tags = [_store_tag(ref) for ref in (new, old)]
+    if all(tags) and split_tag(tags[0])[0] == split_tag(tags[1])[0]:  # kept where promote looks for it
+        path = comparison_path(*tags)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _store_tag(ref: str) -> str | None:
+    if Path(ref).is_dir():
+        return None
+    try:
+        return resolve_tag(ref)
+    except ModelNotFoundError:
+        return None
+
+
+def stored_comparison(new: str, old: str) -> dict[str, Any] | None:
+    """A comparison of ``new`` with ``old``: from ``han-model compare``, else from the fit
+    (``--export.compare_with``, kept in the model's metadata)."""
+    path = comparison_path(new, old)
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    from model_store import load_metadata
+
+    found = load_metadata(new).get("comparison")
+    if isinstance(found, dict) and old in (found.get("old_tag"), found.get("old")):
+        return found
+    return None
+
+
+def check_loads(tag: str) -> None:
+    """What a service does before it serves a version: load it, and classify one document."""
+    import han
+
+    saved = han.SavedModel.load(model_path(tag))
+    han.check_language(saved.segmenter.language)
+    han.Pipeline(saved)(["A short check."], explain="full")
+
+
+def promote(args: argparse.Namespace) -> int:
+    from training.compare import worse_beyond_noise
+
+    tag = resolve_tag(args.tag)
+    name, _ = split_tag(tag)
+    with locked(name):
+        current = production_tag(name)
+        if current == tag:
+            print(f"{tag} is already in production")
+            return 0
+        try:
+            check_loads(tag)
+        except Exception as e:
+            raise PromotionError(f"cannot promote {tag}: it does not load ({_reason(e)}); "
+                                 f"production stays on {current or 'nothing'}") from None
+        details: dict[str, Any] = {"forced": bool(args.force)}
+        if current is not None:
+            comparison = run_compare(tag, current, args) if args.data else stored_comparison(tag, current)
+            if comparison is None and not args.force:
+                raise PromotionError(
+                    f"{tag} has not been compared with {current}, the version in production: run "
+                    f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
+            if comparison is not None:
+                details["comparison"] = _summary(comparison)
+                if worse_beyond_noise(comparison) and not args.force:
+                    raise PromotionError(
+                        f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
+                        f"({_figures(comparison)}); --force promotes it anyway")
+        before = read_pointer(name)
+        set_pointer(tag, "promote", details)
+        return _follow(name, tag, before, current, args.wait, "promoted")
+
+
+def rollback(args: argparse.Namespace) -> int:
+    name = split_tag(args.name)[0]
+    with locked(name):
+        before = read_pointer(name)
+        target = rollback_target(name)
+        try:
+            check_loads(target)
+        except Exception as e:
+            raise PromotionError(f"cannot roll back to {target}: it does not load ({_reason(e)}); "
+                                 f"production stays on {before['tag'] if before else 'nothing'}") from None
+        set_pointer(target, "rollback")
+        return _follow(name, target, before, before["tag"] if before else None, args.wait, "rolled back to")
+
+
+def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | None, wait: float,
+            verb: str) -> int:
+    """Wait until every running service serves ``tag``; if one cannot, put the pointer back."""
+    replicas = live_replicas(name)
+    if not replicas:
+        print(f"{verb} {tag} (was {previous or 'nothing'}). Note: no running service follows {name} right now "
+              f"(none reported in the last seconds); services started from now serve {tag}.")
+        return 0
+    deadline = time.monotonic() + wait
+    while True:
+        replicas = {key: report for key, report in live_replicas(name).items() if key in replicas}
+        failed = {key: r["failed"]["reason"] for key, r in replicas.items()
+                  if (r.get("failed") or {}).get("tag") == tag}
+        if failed:
+            restore_pointer(before, name)
+            key, reason = next(iter(failed.items()))
+            raise PromotionError(f"the service {key} cannot serve {tag}: {reason}; production stays on "
+                                 f"{previous or 'nothing'}")
+        waiting = sorted(key for key, r in replicas.items() if r.get("serving") != tag)
+        if not waiting:
+            print(f"{verb} {tag} (was {previous or 'nothing'}): {len(replicas)} service worker(s) serve it")
+            return 0
+        if time.monotonic() > deadline:
+            print(f"{verb} {tag}, but {len(waiting)} of {len(replicas)} service worker(s) did not follow within "
+                  f"{wait:g} s: {', '.join(waiting)} (see `han-model status {name}`)", file=sys.stderr)
+            return 1
+        time.sleep(0.25)
+
+
+def status(args: argparse.Namespace) -> int:
+    name = split_tag(args.name)[0]
+    record = read_pointer(name)
+    if record is None:
+        print(f"{name}: never promoted; NAME:production means {name}:latest")
+    else:
+        print(f"{name}: production is {record['tag']}")
+        for entry in record.get("history", [])[-10:]:
+            extra = " (forced)" if entry.get("forced") else ""
+            print(f"  {entry['at']}  {entry['action']:<8} {entry['tag']}{extra}")
+    for key, report in live_replicas(name).items():
+        failed = f"; could not load {report['failed']['tag']}" if report.get("failed") else ""
+        print(f"  service {key}: serving {report['serving']}{failed}")
+    return 0
+
+
+def _summary(comparison: dict[str, Any]) -> dict[str, Any]:
+    keys = ("data", "documents", "metric", "new_score", "old_score", "difference", "interval", "p_value", "verdict")
+    return {key: comparison.get(key) for key in keys}
+
+
+def _figures(c: dict[str, Any]) -> str:
+    low, high = c["interval"]
+    return (f"{c['metric']} {c['new_score']:.4f} against {c['old_score']:.4f}, difference {c['difference']:+.4f}, "
+            f"95% interval [{low:+.4f}, {high:+.4f}], {c.get('test', 'p')} p = {c['p_value']:.3g}")
+
+
+def _reason(e: BaseException) -> str:
+    return f"{e.__class__.__name__}: {e}".splitlines()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    apply_defaults()
+    from training.compare import CompareError
+
+    try:
+        if args.command == "compare":
+            result = run_compare(args.new, args.old, args)
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+            return 0
+        return {"promote": promote, "rollback": rollback, "status": status}[args.command](args)
+    except (PromotionError, CompareError, ModelNotFoundError) as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
