@@ -52,25 +52,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def han_model(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    started = time.monotonic()
+    started = time.time()
     done = subprocess.run([sys.executable, "-m", "training.model_cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
-    return started, time.monotonic(), done
+    return started, time.time(), done
 
 
 async def load(url: str, texts: list[str], clients: int, seconds: float, answers: list, errors: list) -> None:
     """Closed-loop clients on keep-alive connections, each sending one review after another."""
     import aiohttp
 
-    deadline = time.monotonic() + seconds
+    deadline = time.time() + seconds
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
 
         async def client(seed: int) -> None:
             rng = random.Random(seed)
-            while time.monotonic() < deadline:
+            while time.time() < deadline:
                 body = json.dumps({"documents": [rng.choice(texts)], "explain": True})
-                sent = time.monotonic()
+                sent = time.time()
                 try:
                     async with session.post(url + "/classify", data=body,
                                             headers={"Content-Type": "application/json", **AUTH}) as response:
@@ -78,7 +78,7 @@ async def load(url: str, texts: list[str], clients: int, seconds: float, answers
                         if response.status != 200:
                             errors.append(f"HTTP {response.status}: {payload[:200]!r}")
                             continue
-                        answers.append((sent, time.monotonic(), json.loads(payload).get("model")))
+                        answers.append((sent, time.time(), json.loads(payload).get("model")))
                 except (TimeoutError, aiohttp.ClientError) as e:
                     errors.append(f"{type(e).__name__}: {e}")
 
@@ -91,13 +91,22 @@ def window(answers: list, start: float, end: float) -> dict:
     return {k: figures[k] for k in ("documents", "p50_ms", "p99_ms", "max_ms")}
 
 
-def switch(answers: list, command_start: float, new: str, old: str) -> dict:
-    """When the answers turned: the first answer of ``new`` and the last of ``old`` after the command."""
-    after = [(done, model) for _, done, model in answers if done >= command_start]
-    first_new = min((done for done, model in after if model == new), default=None)
+def switch(answers: list, command_start: float, moved: float, until: float, new: str, old: str) -> dict:
+    """When the answers turned, from the command's start and from the pointer's move: the first answer
+    of ``new``, and the last answer of ``old`` (before ``until``, the next command)."""
+    after = [(done, model) for _, done, model in answers if command_start <= done < until]
+    first_new = min((done for done, model in after if model == new), default=float("nan"))
     last_old = max((done for done, model in after if model == old), default=command_start)
-    return {"first_new_s": None if first_new is None else round(first_new - command_start, 2),
-            "last_old_s": round(last_old - command_start, 2)}
+    return {"pointer_moved_s": round(moved - command_start, 2),
+            "first_new_s": round(first_new - command_start, 2), "last_old_s": round(last_old - command_start, 2),
+            "first_new_after_move_s": round(first_new - moved, 2), "last_old_after_move_s": round(last_old - moved, 2)}
+
+
+def pointer_moves(name: str) -> list[float]:
+    """When each move of the pointer was written (its history, wall-clock seconds)."""
+    from datetime import datetime
+
+    return [datetime.fromisoformat(entry["at"]).timestamp() for entry in (read_pointer(name) or {})["history"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,30 +135,31 @@ def main(argv: list[str] | None = None) -> int:
         commands: dict = {}
 
         def operate() -> None:
-            t0 = time.monotonic()
+            t0 = time.time()
             time.sleep(args.promote_at)
             commands["promote"] = han_model("promote", new, "--force")
-            time.sleep(max(0.0, args.rollback_at - (time.monotonic() - t0)))
+            time.sleep(max(0.0, args.rollback_at - (time.time() - t0)))
             commands["rollback"] = han_model("rollback", name)
 
         operator = threading.Thread(target=operate)
-        started = time.monotonic()
+        started = time.time()
         operator.start()
         asyncio.run(load(server.url, texts, args.clients, args.seconds, answers, errors))
-        elapsed = time.monotonic() - started
+        elapsed = time.time() - started
         operator.join()
         time.sleep(3)  # idle: the workers give the released model's memory back
         rss_end = server.rss_mb()
         promote_start, _, promoted = commands["promote"]
         rollback_start, _, rolled = commands["rollback"]
+        promote_moved, rollback_moved = pointer_moves(name)[-2:]
         figures.update({
             "commands": {k: {"exit": c[2].returncode, "seconds": round(c[1] - c[0], 2),
                              "output": (c[2].stdout + c[2].stderr).strip()} for k, c in commands.items()},
             "answers": len(answers), "errors": len(errors), "first_errors": errors[:3],
             "without_version": sum(model is None for *_, model in answers),
             "docs_per_s": round(len(answers) / elapsed, 1),
-            "promotion": switch(answers, promote_start, new, old),
-            "rollback": switch(answers, rollback_start, old, new),
+            "promotion": switch(answers, promote_start, promote_moved, rollback_start, new, old),
+            "rollback": switch(answers, rollback_start, rollback_moved, float("inf"), old, new),
             "before": window(answers, promote_start - WINDOW, promote_start),
             "after_promote": window(answers, promote_start, promote_start + WINDOW),
             "after_rollback": window(answers, rollback_start, rollback_start + WINDOW),

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bentoml
 from bentoml.exceptions import BentoMLException, NotFound
 
-from han.saved_model import SavedModel
 from model_store.production import PRODUCTION, follows_pointer, production_tag, split_tag
+
+if TYPE_CHECKING:  # torch and spaCy load only where a model does: han-model status starts in a second
+    from han.saved_model import SavedModel
 
 DEFAULT_MODEL_TAG = f"han-imdb:{PRODUCTION}"
 MODEL_TAG_ENV = "HAN_MODEL_TAG"
@@ -80,6 +82,8 @@ def load_metadata(ref: str) -> dict[str, Any]:
 
 def load(ref: str | Path) -> SavedModel:
     """Load a model by directory path or BentoML tag."""
+    from han.saved_model import SavedModel
+
     return SavedModel.load(model_path(ref))
 
 

@@ -109,7 +109,7 @@ def locked(name: str) -> Iterator[None]:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def set_pointer(tag: str, action: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 import weakref
@@ -29,7 +28,7 @@ from service.api import ModelInfo, model_info
 
 logger = logging.getLogger("han.service")
 logger.setLevel(logging.INFO)  # a switch is worth a line in the log (the root logger says warnings only)
-POLL_SECONDS = 1.0  # how often a worker looks at the pointer: a promotion is served within about this
+POLL_SECONDS = 0.5  # how often a worker looks at the pointer (a stat): a promotion is served within about this
 REPORT_SECONDS = 2.0  # how often it says what it serves (han-model promote waits for these reports)
 
 
@@ -117,12 +116,9 @@ class ModelFollower:
 
 
 async def release_when_done(old: weakref.ref[Served], timeout: float = 300.0) -> None:
-    """Once the last request on the old model is answered, give its memory back: the model was
-    frozen out of the collector's reach at start (han.environment.freeze_loaded_objects)."""
+    """Once the last request on the old model is answered (reference counting frees it: it holds no
+    cycles, so no collection is needed, which would stall the worker), hand the freed heap back."""
     deadline = time.monotonic() + timeout
     while old() is not None and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
     release_free_memory()

@@ -136,7 +136,7 @@ class HANClassifier:
         stored = self.bento_model
         served = load_served(str(stored.tag), Path(stored.path), stored.info.creation_time.isoformat())
         self.follower = ModelFollower(FOLLOWS, served) if FOLLOWS else None
-        self._served = served
+        self._served = None if self.follower else served  # one reference: a replaced version must be freed
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=self._rest, wait=BATCH_WAIT,
@@ -146,7 +146,7 @@ class HANClassifier:
     @property
     def served(self) -> Served:
         """The version new requests go to."""
-        return self.follower.current if self.follower else self._served
+        return self.follower.current if self.follower else self._served  # type: ignore[return-value]
 
     @property
     def info(self) -> ModelInfo:

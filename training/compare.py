@@ -132,7 +132,7 @@ def compare_saved(new: SavedModel, old: SavedModel, texts: list[str], targets: n
         "new_score": round(scores["new"], 4), "old_score": round(scores["old"], 4),
         "difference": round(difference, 4),
         "interval": [round(float(np.quantile(diffs, 0.025)), 4), round(float(np.quantile(diffs, 0.975)), 4)],
-        "p_value": round(p_value, 6), "test": test, "verdict": verdict,
+        "p_value": float(f"{p_value:.4g}"), "test": test, "verdict": verdict,
         "classes": _classes(new.labels, targets, predicted, multi),
         "calibration": {role: report["calibration"]["ece_after"] for role, (report, _) in reports.items()},
         "faithfulness": {role: _faithfulness(saved) for role, (_, saved) in reports.items()},
@@ -215,14 +215,20 @@ def format_comparison(r: dict[str, Any]) -> str:
             *(("none (the HAN alone)" if s is None else f"{s:g}") for s in (r["ngram_share"]["new"],
                                                                              r["ngram_share"]["old"]))),
     ]
-    moved = {label: c for label, c in r["classes"].items() if c["moved"]}
-    lines.append(f"  classes that moved (F1 by {MOVED} or more): " + (", ".join(
-        f"{label} {c['f1_old']:.3f} -> {c['f1_new']:.3f}" for label, c in list(moved.items())[:10]) or "none"))
+    classes = r["classes"]
+    moved = [label for label, c in classes.items() if c["moved"]]
+    lines.append(f"  classes that moved (F1 by {MOVED} or more): {', '.join(moved[:20]) or 'none'}"
+                 + (f" and {len(moved) - 20} more" if len(moved) > 20 else ""))
+    if len(classes) <= 20:
+        turned = "now_right" in next(iter(classes.values()))
+        lines.append(f"    {'class':<24} {'F1 old':>7} {'F1 new':>7} {'change':>7}"
+                     + (f" {'now right':>9} {'now wrong':>9}" if turned else ""))
+        for label, c in classes.items():
+            lines.append(f"    {label[:24]:<24} {c['f1_old']:>7.3f} {c['f1_new']:>7.3f} {c['change']:>+7.3f}"
+                         + (f" {c['now_right']:>9} {c['now_wrong']:>9}" if turned else ""))
     for role in ("new", "old"):
-        f = r["faithfulness"][role]
-        if f:
-            lines.append(f"  faithfulness recorded for {role}: " + "; ".join(
-                f"{m} top sentence {v['top_sentence_x_random']}x random" for m, v in f.items()))
-        else:
-            lines.append(f"  faithfulness recorded for {role}: none")
+        recorded = {m: v for m, v in (r["faithfulness"][role] or {}).items() if v["top_sentence_x_random"]}
+        lines.append(f"  faithfulness recorded for {role} (top sentence, x random): " + ("; ".join(
+            f"{m} {v['top_sentence_x_random']}" + (" [{}, {}]".format(*v["interval"]) if v["interval"] else "")
+            for m, v in recorded.items()) or "none"))
     return "\n".join(lines)

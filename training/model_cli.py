@@ -126,8 +126,6 @@ def check_loads(tag: str) -> None:
 
 
 def promote(args: argparse.Namespace) -> int:
-    from training.compare import worse_beyond_noise
-
     tag = resolve_tag(args.tag)
     name, _ = split_tag(tag)
     with locked(name):
@@ -135,11 +133,6 @@ def promote(args: argparse.Namespace) -> int:
         if current == tag:
             print(f"{tag} is already in production")
             return 0
-        try:
-            check_loads(tag)
-        except Exception as e:
-            raise PromotionError(f"cannot promote {tag}: it does not load ({_reason(e)}); "
-                                 f"production stays on {current or 'nothing'}") from None
         details: dict[str, Any] = {"forced": bool(args.force)}
         if current is not None:
             comparison = run_compare(tag, current, args) if args.data else stored_comparison(tag, current)
@@ -149,7 +142,7 @@ def promote(args: argparse.Namespace) -> int:
                     f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
             if comparison is not None:
                 details["comparison"] = _summary(comparison)
-                if worse_beyond_noise(comparison) and not args.force:
+                if comparison.get("verdict") == "worse" and not args.force:  # training.compare.worse_beyond_noise
                     raise PromotionError(
                         f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
                         f"({_figures(comparison)}); --force promotes it anyway")
@@ -163,20 +156,23 @@ def rollback(args: argparse.Namespace) -> int:
     with locked(name):
         before = read_pointer(name)
         target = rollback_target(name)
-        try:
-            check_loads(target)
-        except Exception as e:
-            raise PromotionError(f"cannot roll back to {target}: it does not load ({_reason(e)}); "
-                                 f"production stays on {before['tag'] if before else 'nothing'}") from None
         set_pointer(target, "rollback")
         return _follow(name, target, before, before["tag"] if before else None, args.wait, "rolled back to")
 
 
 def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | None, wait: float,
             verb: str) -> int:
-    """Wait until every running service serves ``tag``; if one cannot, put the pointer back."""
+    """Wait until every running service serves ``tag``; if one cannot, put the pointer back. The running
+    services are the check that counts (they load the version where it will serve, beside the serving
+    one, in about a second); with none, the version is loaded here instead, before it stays."""
     replicas = live_replicas(name)
     if not replicas:
+        try:
+            check_loads(tag)
+        except Exception as e:
+            restore_pointer(before, name)
+            raise PromotionError(f"cannot make {tag} the production version: it does not load ({_reason(e)}); "
+                                 f"production stays on {previous or 'nothing'}") from None
         print(f"{verb} {tag} (was {previous or 'nothing'}). Note: no running service follows {name} right now "
               f"(none reported in the last seconds); services started from now serve {tag}.")
         return 0
@@ -188,8 +184,8 @@ def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | 
         if failed:
             restore_pointer(before, name)
             key, reason = next(iter(failed.items()))
-            raise PromotionError(f"the service {key} cannot serve {tag}: {reason}; production stays on "
-                                 f"{previous or 'nothing'}")
+            raise PromotionError(f"cannot make {tag} the production version: it does not load in the service {key} "
+                                 f"({reason}); production stays on {previous or 'nothing'}")
         waiting = sorted(key for key, r in replicas.items() if r.get("serving") != tag)
         if not waiting:
             print(f"{verb} {tag} (was {previous or 'nothing'}): {len(replicas)} service worker(s) serve it")
@@ -235,8 +231,6 @@ def _reason(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
-    from training.compare import CompareError
-
     try:
         if args.command == "compare":
             result = run_compare(args.new, args.old, args)
@@ -244,8 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
             return 0
         return {"promote": promote, "rollback": rollback, "status": status}[args.command](args)
-    except (PromotionError, CompareError, ModelNotFoundError) as e:
+    except (PromotionError, ModelNotFoundError) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # training.compare.CompareError, imported only where a comparison runs
+        compare = sys.modules.get("training.compare")
+        if compare is None or not isinstance(e, compare.CompareError):
+            raise
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
