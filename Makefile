@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 # The browser tests use the system Chromium; Playwright never downloads one.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: run test lint install clean
+.PHONY: run test test-bento lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,12 @@ TEST_JOBS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not bento" $(PYTEST_ARGS)
+
+# The bento a user ships, built, installed from its own requirements in a fresh virtual environment
+# and served from outside the checkout (tests/test_bento.py, about 80 s: mostly pip).
+test-bento: $(STAMP)
+	$(BIN)/python -m pytest -m bento $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m service.run

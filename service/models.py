@@ -94,8 +94,8 @@ class ModelFollower:
             wanted = production_tag(self.name)
             if wanted and wanted != self.current.tag:
                 await self.switch(wanted)
-        if time.monotonic() - self._reported >= REPORT_SECONDS:
-            await anyio.to_thread.run_sync(report_replica, self.name, self.current.tag, self.failed)
+        if time.monotonic() - self._reported >= REPORT_SECONDS:  # a small file, written here: a thread of its
+            report_replica(self.name, self.current.tag, self.failed)  # own would hold a malloc arena of its own
             self._reported = time.monotonic()
 
     async def switch(self, tag: str) -> None:

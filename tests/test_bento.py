@@ -2,6 +2,7 @@
 environment (the project not installed there) and served from outside the checkout, the way the
 image that ``bentoml containerize`` writes starts it (its entrypoint, its variables).
 
+Not in ``make test`` (it stays within its ten minutes): ``make test-bento``, which .ci/run runs too.
 About 70-90 s on 2 cores: ``bentoml build`` and ``export`` 10 s, the fresh environment 45 s (pip's
 cache warm), the server 10 s. The fresh environment reaches the registries as this machine does;
 pip runs with ``--retries 0`` because the bento names PyTorch's CPU index, which only a container
@@ -27,7 +28,7 @@ import yaml
 from service.process import free_port, stop_process_group, wait_ready
 from tests.service_server import REPO, base_env, register_model, tiny_model_dir_quickly
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bento]
 KEY = "bento-test-key-0123456789abcdef"
 
 

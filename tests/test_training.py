@@ -152,6 +152,15 @@ def test_an_unknown_champion_stops_the_fit_before_it_trains(tmp_path: Path, caps
         fit(tmp_path, "--export.compare_with", "han-nothing:v1")
     assert "export.compare_with: no BentoML model named 'han-nothing:v1'" in capsys.readouterr().err
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # a champion of another task (or other labels) is refused once the data is read, before the first step
+    from tests.tiny_model import train_tiny_model
+
+    topics = model_store.register(train_tiny_model(multi_label=True, steps=1)[0], "han-topics")
+    with pytest.raises(SystemExit):
+        fit(tmp_path, "--export.compare_with", "han-topics:latest")
+    assert (f"han-train: error: the new model is single-label and {topics} multi-label: they cannot be compared"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> None:

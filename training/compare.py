@@ -17,15 +17,16 @@ import numpy as np
 from scipy.stats import binomtest
 from sklearn.metrics import f1_score
 
-from han.pipeline import Pipeline
+from han.pipeline import Pipeline, document_problem
 from han.saved_model import SavedModel
+from han.segment import has_words
 from model_store import ModelNotFoundError, load, resolve_tag
 from training.report import evaluate
 from training.sources import DataError, load_source
 
 RESAMPLES = 1000
 ALPHA = 0.05  # better or worse only below this p value
-MOVED = 0.02  # a class "moved" when its F1 changed by at least this much
+MOVED = 0.02  # a class "moved" when its F1 changed by at least this much: 2 points, what a reader would notice
 
 
 class CompareError(ValueError):
@@ -34,34 +35,59 @@ class CompareError(ValueError):
 
 def compare(new: str, old: str, data: str | Path, text_column: str | None = None, label_column: str | None = None,
             limit: int | None = None, seed: int = 0, progress: Any = None) -> dict[str, Any]:
-    """Both models (a model directory or a BentoML tag each) on the labelled documents of ``data``
-    (its first ``limit`` rows)."""
-    models = {}
-    for role, ref in (("new", new), ("old", old)):
-        try:
-            models[role] = (load(ref), ref if Path(ref).is_dir() else resolve_tag(ref))
-        except ModelNotFoundError as e:
-            raise CompareError(str(e)) from None
-    (new_model, new_tag), (old_model, old_tag) = models["new"], models["old"]
+    """Both models (a model directory or a BentoML tag each) on the labelled documents of ``data``.
+
+    ``limit``: a sample of that many rows, drawn with ``seed`` and kept in file order (the first rows
+    of a file sorted by label, as IMDB's test split is, would be one class); ``seed`` also seeds the
+    bootstrap.
+    """
+    (new_model, new_tag), (old_model, old_tag) = _load(str(new)), _load(str(old))
     check_comparable(new_model, old_model, new_tag, old_tag)
-    texts, labels = read_labelled(data, text_column, label_column, new_model.model.config.multi_label, limit)
-    targets = encode_targets(labels, new_model.labels, str(data))
+    multi = bool(new_model.model.config.multi_label)
+    texts, labels, rows, total = read_labelled(data, text_column, label_column, multi, limit, seed)
+    targets = encode_targets(labels, new_model.labels, multi, str(data), rows)
     result = compare_saved(new_model, old_model, texts, targets, seed=seed, progress=progress)
-    return {"new": new, "old": old, "new_tag": new_tag, "old_tag": old_tag, "data": Path(str(data)).name} | result
+    name = Path(str(data)).name if Path(str(data)).exists() else str(data)
+    return {"new": str(new), "old": str(old), "new_tag": new_tag, "old_tag": old_tag, "data": name,
+            "sample": None if len(rows) == total else {"rows": len(rows), "of": total, "seed": seed}} | result
+
+
+def _load(ref: str) -> tuple[SavedModel, str]:
+    """The model and the NAME:VERSION it is now (a directory: as given), resolved once, so that the
+    two agree while a promotion moves NAME:production."""
+    try:
+        tag = ref if Path(ref).is_dir() else resolve_tag(ref)
+    except ModelNotFoundError:
+        tag = ref  # load's message names directories too
+    try:
+        return load(tag), tag
+    except ModelNotFoundError as e:
+        raise CompareError(str(e)) from None
 
 
 def check_comparable(new: SavedModel, old: SavedModel, new_name: str, old_name: str) -> None:
-    new_task, old_task = ("multi-label" if m.model.config.multi_label else "single-label" for m in (new, old))
+    check_labels(new.labels, bool(new.model.config.multi_label), old.labels, bool(old.model.config.multi_label),
+                 new_name, old_name)
+
+
+def check_labels(new_labels: list[str], new_multi: bool, old_labels: list[str], old_multi: bool,
+                 new_name: str, old_name: str) -> None:
+    """Two models answer the same question only with the same task and label set (in any order)."""
+    new_task, old_task = ("multi-label" if multi else "single-label" for multi in (new_multi, old_multi))
     if new_task != old_task:
         raise CompareError(f"{new_name} is {new_task} and {old_name} {old_task}: they cannot be compared")
-    if sorted(new.labels) != sorted(old.labels):
-        only = sorted(set(new.labels) ^ set(old.labels))
+    if sorted(new_labels) != sorted(old_labels):
+        only = sorted(set(new_labels) ^ set(old_labels))
         raise CompareError(f"{new_name} and {old_name} have different labels ({', '.join(only[:5])} in one only): "
                            "they cannot be compared")
 
 
 def read_labelled(data: str | Path, text_column: str | None, label_column: str | None, multi_label: bool,
-                  limit: int | None) -> tuple[list[str], list[Any]]:
+                  limit: int | None = None, seed: int = 0) -> tuple[list[Any], list[Any], list[int], int]:
+    """Texts, labels, their rows in the file and its row count. The file is read as ``han-train``
+    reads a split (training.sources: Parquet, CSV, JSON Lines, a folder per class, a hub name)."""
+    if limit is not None and limit < 1:
+        raise CompareError(f"limit must be 1 or more, not {limit}")
     try:
         table = load_source(str(data))
     except DataError as e:
@@ -72,35 +98,49 @@ def read_labelled(data: str | Path, text_column: str | None, label_column: str |
         if column not in table.column_names:
             raise CompareError(f"{data}: no column {column!r} (it has {', '.join(table.column_names)}); "
                                "name it with --text-column / --label-column")
-    if limit is not None:
-        table = table.select(range(min(limit, len(table))))
-    if not len(table):
+    total, rows = len(table), list(range(len(table)))
+    if limit is not None and limit < total:
+        rows = sorted(int(i) for i in np.random.default_rng(seed).choice(total, limit, replace=False))
+        table = table.select(rows)
+    if not total:
         raise CompareError(f"{data}: no documents")
-    return [str(t or "") for t in table[text_column]], list(table[label_column])
+    table = table.select_columns([text_column, label_column])
+    return list(table[text_column]), list(table[label_column]), rows, total
 
 
-def encode_targets(labels: list[Any], names: list[str], where: str) -> np.ndarray:
-    """Class indices, or a 0/1 matrix when each row holds a list of labels."""
+def encode_targets(labels: list[Any], names: list[str], multi_label: bool, where: str,
+                   rows: list[int] | None = None) -> np.ndarray:
+    """Class indices, or a 0/1 matrix for a multi-label model (each row a list of labels)."""
     index = {name: i for i, name in enumerate(names)}
+    known = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    targets = np.zeros((len(labels), len(names)) if multi_label else len(labels), dtype=np.int64)
+    for i, label in enumerate(labels):
+        row = rows[i] if rows else i
+        if multi_label != isinstance(label, (list, tuple)):
+            raise CompareError(f"{where}: row {row} has the label {label!r}, but the models are " + (
+                "multi-label: each row needs a list of labels" if multi_label else "single-label: one label a row"))
+        for one in label if multi_label else [label]:
+            if one is None or str(one) not in index:
+                raise CompareError(f"{where}: row {row} has the label {one!r}, which the models do not know "
+                                   f"(they know {known})")
+            if multi_label:
+                targets[i, index[str(one)]] = 1
+            else:
+                targets[i] = index[str(one)]
+    return targets
 
-    def find(label: Any, row: int) -> int:
-        if str(label) not in index:
-            raise CompareError(f"{where}: row {row} has the label {label!r}, which the models do not know "
-                               f"(they know {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
-        return index[str(label)]
 
-    if labels and isinstance(labels[0], (list, tuple)):
-        matrix = np.zeros((len(labels), len(names)), dtype=np.float32)
-        for row, row_labels in enumerate(labels):
-            for label in row_labels:
-                matrix[row, find(label, row)] = 1
-        return matrix
-    return np.array([find(label, row) for row, label in enumerate(labels)])
-
-
-def compare_saved(new: SavedModel, old: SavedModel, texts: list[str], targets: np.ndarray, seed: int = 0,
+def compare_saved(new: SavedModel, old: SavedModel, texts: list[Any], targets: np.ndarray, seed: int = 0,
                   progress: Any = None) -> dict[str, Any]:
-    """The comparison of two loaded models on ``texts`` (``targets`` in the new model's label order)."""
+    """The comparison of two loaded models on ``texts`` (``targets`` in the new model's label order).
+    Documents without a word (empty, missing) are left out for both, as a fit's evaluation leaves
+    them out, and counted as ``skipped``."""
+    readable = [i for i, text in enumerate(texts) if document_problem(text) is None
+                and all(has_words(text, m.segmenter.max_chars) for m in (new, old))]
+    if not readable:
+        raise CompareError("no document with words to compare the models on")
+    skipped = len(texts) - len(readable)
+    texts, targets = [texts[i] for i in readable], targets[readable]
     reports = {}
     for role, saved in (("new", new), ("old", old)):
         order = [saved.labels.index(label) for label in new.labels]  # the same labels, maybe in another order
@@ -111,23 +151,27 @@ def compare_saved(new: SavedModel, old: SavedModel, texts: list[str], targets: n
     rng = np.random.default_rng(seed)
     if multi:
         truth = targets.astype(bool)
-        scores = {role: float(f1_score(truth, p, average="micro", zero_division=0)) for role, p in predicted.items()}
-        diffs = _bootstrap(lambda idx: _micro_f1(truth[idx], predicted["new"][idx])
-                           - _micro_f1(truth[idx], predicted["old"][idx]), len(texts), rng)
+        # micro-F1 = 2 hits / (true + predicted labels): per-document counts make a resample a few sums
+        hits = {role: (truth & p).sum(1) for role, p in predicted.items()}
+        sizes = {role: truth.sum(1) + p.sum(1) for role, p in predicted.items()}
+        scores = {role: _micro_f1(hits[role], sizes[role]) for role in predicted}
+        diffs = _bootstrap(lambda idx: _micro_f1(hits["new"][idx], sizes["new"][idx])
+                           - _micro_f1(hits["old"][idx], sizes["old"][idx]), len(texts), rng)
         p_value, test = float(min(1.0, 2 * min((diffs <= 0).mean(), (diffs >= 0).mean()))), "paired bootstrap"
         if scores["new"] == scores["old"]:
             p_value = 1.0
     else:
         right = {role: p == targets for role, p in predicted.items()}
         scores = {role: float(r.mean()) for role, r in right.items()}
-        diffs = _bootstrap(lambda idx: right["new"][idx].mean() - right["old"][idx].mean(), len(texts), rng)
+        gained = right["new"].astype(np.float64) - right["old"]  # +1, 0 or -1 a document
+        diffs = _bootstrap(lambda idx: gained[idx].mean(), len(texts), rng)
         p_value, test = mcnemar_exact(int((right["new"] & ~right["old"]).sum()),
                                       int((~right["new"] & right["old"]).sum())), "exact McNemar"
     difference = scores["new"] - scores["old"]
     verdict = "no clear difference" if p_value >= ALPHA or difference == 0 else (
         "better" if difference > 0 else "worse")
     return {
-        "documents": len(texts), "task": "multi-label" if multi else "single-label",
+        "documents": len(texts), "skipped": skipped, "task": "multi-label" if multi else "single-label",
         "metric": "micro_f1" if multi else "accuracy",
         "new_score": round(scores["new"], 4), "old_score": round(scores["old"], 4),
         "difference": round(difference, 4),
@@ -147,6 +191,8 @@ def mcnemar_exact(only_new: int, only_old: int) -> float:
 
 
 def worse_beyond_noise(result: dict[str, Any]) -> bool:
+    """Whether the challenger (new) scores lower and the paired test says it is not noise (p < ALPHA):
+    what ``han-model promote`` refuses without --force."""
     return result.get("verdict") == "worse"
 
 
@@ -157,9 +203,9 @@ def _predictions(report: dict[str, Any], labels: list[str], multi: bool) -> np.n
     return np.array([index[r.label] for r in report["results"]])
 
 
-def _micro_f1(truth: np.ndarray, predicted: np.ndarray) -> float:
-    hits = (truth & predicted).sum()
-    return float(2 * hits / max(1, truth.sum() + predicted.sum()))
+def _micro_f1(hits: np.ndarray, sizes: np.ndarray) -> float:
+    """From each document's labels right (hits) and its true plus predicted labels (sizes)."""
+    return float(2 * hits.sum() / max(1, sizes.sum()))
 
 
 def _bootstrap(statistic: Any, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -198,16 +244,20 @@ def _faithfulness(saved: SavedModel) -> dict[str, Any] | None:
 
 
 def _share(saved: SavedModel) -> float | None:
-    head = saved.metadata.get("ngram_head")
-    return float(head["han_share"]) if saved.ngrams is not None and isinstance(head, dict) else None
+    """The HAN's share beside its n-gram head: the head's own, which its scores use (the fit's
+    metadata["ngram_head"] records the same); None for the HAN alone."""
+    return None if saved.ngrams is None else round(float(saved.ngrams.han_share), 4)
 
 
 def format_comparison(r: dict[str, Any]) -> str:
     """The comparison as a short plain-text report."""
     low, high = r["interval"]
+    notes = ([f"a sample of {r['sample']['of']:,} rows, seed {r['sample']['seed']}"] if r.get("sample") else []) + (
+        [f"{r['skipped']:,} without words left out"] if r.get("skipped") else [])
+    noted = f" ({'; '.join(notes)})" if notes else ""
     lines = [
         f"{r.get('new_tag', r.get('new'))} (new) against {r.get('old_tag', r.get('old'))} (old) on {r.get('data')}: "
-        f"{r['documents']:,} documents, {r['task']}",
+        f"{r['documents']:,} documents{noted}, {r['task']}",
         f"  {r['metric']}: new {r['new_score']:.4f}, old {r['old_score']:.4f}, difference {r['difference']:+.4f} "
         f"(95% interval {low:+.4f} to {high:+.4f}; {r['test']} p = {r['p_value']:.3g}): {r['verdict']}",
         f"  calibration (ECE): new {r['calibration']['new']:.4f}, old {r['calibration']['old']:.4f}",

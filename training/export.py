@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from han.calibration import fit_temperature, probabilities
 from han.pipeline import Pipeline
@@ -81,8 +81,10 @@ class ExportModel(pl.Callback):
             averaging the two models' probabilities scores better on validation, with the HAN's share
             chosen there (training.ngram_head); every caller's scores are then the average.
         compare_with: a stored model (e.g. ``han-imdb:production``) to compare the new one with on the
-            test split (else validation) before it is registered: the figures of ``han-model compare``,
-            logged and kept in the model's metadata, where ``han-model promote`` finds them.
+            test split (else validation) before it is registered: the figures of ``han-model compare``
+            (training.compare), logged and kept in the model's metadata as ``comparison``, where
+            ``han-model promote`` finds them. The tag is resolved when the run starts; an unknown one,
+            or a model of other labels or the other task, stops the run before it trains.
     """
 
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
@@ -95,6 +97,7 @@ class ExportModel(pl.Callback):
             raise ValueError(f"export.faithfulness_budget must be above 0 (null for none), not {faithfulness_budget}")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
+        self._compare_ref = compare_with  # as given; compare_with: the version it names now, for the whole run
         if compare_with:  # an unknown tag stops the run now, not after the fit
             from model_store import ModelNotFoundError, resolve_tag
 
@@ -120,6 +123,13 @@ class ExportModel(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._fit_started = time.monotonic() if stage == "fit" else None
         show_in(trainer.progress_bar_callback)  # the export's bars go where the trainer's are
+        if stage == "fit" and self.compare_with and getattr(trainer.datamodule, "label_names", None):
+            from model_store import load
+            from training.compare import check_labels
+
+            champion = load(self.compare_with)  # other labels or task: one line now, before the fit
+            check_labels(trainer.datamodule.label_names, trainer.datamodule.multi_label, champion.labels,
+                         bool(champion.model.config.multi_label), "the new model", self.compare_with)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         show_in(None)
@@ -150,8 +160,8 @@ class ExportModel(pl.Callback):
             saved.metadata["baseline"] = baseline
         if faithfulness:
             saved.metadata["faithfulness"] = faithfulness
-        if self.compare_with:
-            saved.metadata["comparison"] = self._compare(saved, data)
+        if self.compare_with and (comparison := self._compare(saved, data)):
+            saved.metadata["comparison"] = comparison
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
         if self.register:
@@ -160,17 +170,22 @@ class ExportModel(pl.Callback):
             self.tag = register(saved, self.name or "han-model")
             rank_zero_info(f"registered in the BentoML model store as {self.tag}")
 
-    def _compare(self, saved: SavedModel, data: Any) -> dict[str, Any]:
+    def _compare(self, saved: SavedModel, data: Any) -> dict[str, Any] | None:
+        """The comparison with ``compare_with`` (None, with a warning, where it cannot run: the fit is kept)."""
         from model_store import load
-        from training.compare import check_comparable, compare_saved, format_comparison
+        from training.compare import CompareError, check_comparable, compare_saved, format_comparison
 
         split = "test" if "test" in data.splits else "validation"
-        champion = load(self.compare_with)
-        check_comparable(saved, champion, "the new model", self.compare_with)
-        texts, targets = _split(data, split)
-        with Step(f"comparing with {self.compare_with} on {split}", len(texts)) as step:
-            result = compare_saved(saved, champion, texts, targets, progress=step.stage)
-        result = {"new": "this fit", "old": self.compare_with, "old_tag": self.compare_with,
+        try:
+            champion = load(self.compare_with)
+            check_comparable(saved, champion, "the new model", self.compare_with)
+            texts, targets = _split(data, split)
+            with Step(f"comparing with {self.compare_with} on {split}", len(texts)) as step:
+                result = compare_saved(saved, champion, texts, targets, progress=step.stage)
+        except (CompareError, LookupError) as e:  # LookupError: the champion was deleted during the fit
+            rank_zero_warn(f"no comparison with {self.compare_with}: {e}")
+            return None
+        result = {"new": "this fit", "old": self._compare_ref, "old_tag": self.compare_with,
                   "data": f"the {split} split", **result}
         rank_zero_info(format_comparison(result))
         return result

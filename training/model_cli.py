@@ -71,7 +71,7 @@ def _data_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
                         ": compare with the production version on them first"))
     parser.add_argument("--text-column", default=None, help="the text column (default: text)")
     parser.add_argument("--label-column", default=None, help="the label column (default: label, or labels)")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many documents")
+    parser.add_argument("--limit", type=int, default=None, help="compare on a seeded sample of this many rows")
 
 
 def comparison_path(new: str, old: str) -> Path:
