@@ -122,6 +122,15 @@ def set_pointer(tag: str, action: str, details: dict[str, Any] | None = None) ->
     return record
 
 
+def record_decision(name: str, decision: dict[str, Any]) -> None:
+    """One line of ``decisions.jsonl`` for each promotion asked for: promoted, refused or forced, with
+    the comparison it rested on (BentoML has no public way to add to a registered model's metadata)."""
+    path = deployment_dir(name) / "decisions.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps({"at": _now(), **decision}, ensure_ascii=False) + "\n")
+
+
 def restore_pointer(record: dict[str, Any] | None, name: str) -> None:
     """Put back a pointer record read before a change (None: there was none)."""
     if record is None:

@@ -152,6 +152,9 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     history = json.loads((home / "deployments" / NAME / "production.json").read_text())["history"]
     forced_entry = next(entry for entry in history if entry["tag"] == tags["worse"])
     assert forced_entry["forced"] and forced_entry["comparison"]["verdict"] == "worse"
+    lines = (home / "deployments" / NAME / "decisions.jsonl").read_text().splitlines()
+    decisions = [json.loads(line) for line in lines]
+    assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused", "promoted"]
 
 
 def test_a_version_that_cannot_load_leaves_the_serving_one(deployment: dict, monkeypatch) -> None:
@@ -162,6 +165,14 @@ def test_a_version_that_cannot_load_leaves_the_serving_one(deployment: dict, mon
     refused = han_model(home, "promote", broken, "--force")
     assert refused.returncode == 1 and "does not load" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and f"production stays on {tags['A']}" in refused.stderr
+    klingon = register_model(train_tiny_model(seed=4)[0].save(tmp / "klingon"), home, NAME)
+    config = home / "models" / NAME / klingon.split(":")[1] / "config.json"
+    settings = json.loads(config.read_text())
+    settings["segmenter"]["language"] = "tlh"  # a language without a spaCy tokenizer
+    config.write_text(json.dumps(settings))
+    refused = han_model(home, "promote", klingon, "--force")
+    assert refused.returncode == 1 and "does not load" in refused.stderr and "tlh" in refused.stderr, refused.stderr
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
 
     # The same version put in production behind han-model's back: the servers refuse it, say why, serve on.
     monkeypatch.setenv("BENTOML_HOME", str(home))

@@ -29,6 +29,7 @@ from model_store.production import (
     locked,
     production_tag,
     read_pointer,
+    record_decision,
     restore_pointer,
     rollback_target,
     set_pointer,
@@ -142,7 +143,10 @@ def promote(args: argparse.Namespace) -> int:
                     f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
             if comparison is not None:
                 details["comparison"] = _summary(comparison)
-                if comparison.get("verdict") == "worse" and not args.force:  # training.compare.worse_beyond_noise
+                worse = comparison.get("verdict") == "worse"  # training.compare.worse_beyond_noise
+                record_decision(name, {"tag": tag, "production": current, **details,
+                                       "decision": "refused" if worse and not args.force else "promoted"})
+                if worse and not args.force:
                     raise PromotionError(
                         f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
                         f"({_figures(comparison)}); --force promotes it anyway")
@@ -171,6 +175,7 @@ def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | 
             check_loads(tag)
         except Exception as e:
             restore_pointer(before, name)
+            record_decision(name, {"tag": tag, "decision": "put back: it does not load", "reason": _reason(e)})
             raise PromotionError(f"cannot make {tag} the production version: it does not load ({_reason(e)}); "
                                  f"production stays on {previous or 'nothing'}") from None
         print(f"{verb} {tag} (was {previous or 'nothing'}). Note: no running service follows {name} right now "
@@ -184,6 +189,7 @@ def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | 
         if failed:
             restore_pointer(before, name)
             key, reason = next(iter(failed.items()))
+            record_decision(name, {"tag": tag, "decision": f"put back: it does not load in {key}", "reason": reason})
             raise PromotionError(f"cannot make {tag} the production version: it does not load in the service {key} "
                                  f"({reason}); production stays on {previous or 'nothing'}")
         waiting = sorted(key for key, r in replicas.items() if r.get("serving") != tag)
