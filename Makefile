@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not bento" $(PYTEST_ARGS)
 
 # The bento a user ships, built, installed from its own requirements in a fresh virtual environment
-# and served from outside the checkout (tests/test_bento.py, about 80 s: mostly pip).
+# and served from outside the checkout (tests/test_bento.py, 1.5 to 2.5 minutes: mostly pip).
 test-bento: $(STAMP)
 	$(BIN)/python -m pytest -m bento $(PYTEST_ARGS)
 

@@ -58,7 +58,8 @@ def han_model(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str
     return started, time.time(), done
 
 
-async def load(url: str, texts: list[str], clients: int, seconds: float, answers: list, errors: list) -> None:
+async def load(url: str, texts: list[str], clients: int, seconds: float, answers: list, errors: list,
+               dropped: list) -> None:
     """Closed-loop clients on keep-alive connections, each sending one review after another."""
     import aiohttp
 
@@ -79,8 +80,8 @@ async def load(url: str, texts: list[str], clients: int, seconds: float, answers
                             errors.append(f"HTTP {response.status}: {payload[:200]!r}")
                             continue
                         answers.append((sent, time.time(), json.loads(payload).get("model")))
-                except (TimeoutError, aiohttp.ClientError) as e:
-                    errors.append(f"{type(e).__name__}: {e}")
+                except (TimeoutError, aiohttp.ClientError) as e:  # a connection reset, closed or timed out
+                    dropped.append(f"{type(e).__name__}: {e}")
 
         await asyncio.gather(*(client(i) for i in range(clients)))
 
@@ -128,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(done.stderr)
         server = Server(name, None, "service.service:HANClassifier", {})
         server.wait_ready()
-        asyncio.run(load(server.url, texts, 4, 5, [], []))  # warm-up
+        asyncio.run(load(server.url, texts, 4, 5, [], [], []))  # warm-up
         rss_start = server.rss_mb()
         answers: list = []
         errors: list = []
+        dropped: list = []
         commands: dict = {}
 
         def operate() -> None:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         operator = threading.Thread(target=operate)
         started = time.time()
         operator.start()
-        asyncio.run(load(server.url, texts, args.clients, args.seconds, answers, errors))
+        asyncio.run(load(server.url, texts, args.clients, args.seconds, answers, errors, dropped))
         elapsed = time.time() - started
         operator.join()
         time.sleep(3)  # idle: the workers give the released model's memory back
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         figures.update({
             "commands": {k: {"exit": c[2].returncode, "seconds": round(c[1] - c[0], 2),
                              "output": (c[2].stdout + c[2].stderr).strip()} for k, c in commands.items()},
-            "answers": len(answers), "errors": len(errors), "first_errors": errors[:3],
+            "answers": len(answers), "errors": len(errors), "dropped_connections": len(dropped),
+            "first_errors": (errors + dropped)[:3],
             "without_version": sum(model is None for *_, model in answers),
             "docs_per_s": round(len(answers) / elapsed, 1),
             "promotion": switch(answers, promote_start, promote_moved, rollback_start, new, old),
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 1 if figures.get("failed") or figures.get("errors") else 0
+    return 1 if figures.get("failed") or figures.get("errors") or figures.get("dropped_connections") else 0
 
 
 if __name__ == "__main__":

@@ -169,11 +169,13 @@ def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def report_replica(name: str, serving: str, failed: dict[str, str] | None, url: str | None = None) -> None:
-    """A worker's report: the version it serves and the last promoted version it could not load."""
+def report_replica(name: str, serving: str, failed: dict[str, Any] | None, loading: str | None = None,
+                   pointer: tuple[int, int] | None = None) -> None:
+    """A worker's report: the version it serves, the one it is loading, the promoted version it could not
+    load (with why), and the pointer (its stamp) these answer."""
     _write_json(replica_path(name, replica_id()),
-                {"serving": serving, "failed": failed, "pid": os.getpid(), "host": socket.gethostname(),
-                 "url": url, "seen": time.time()})
+                {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "pid": os.getpid(),
+                 "host": socket.gethostname(), "seen": time.time()})
 
 
 def forget_replica(name: str) -> None:

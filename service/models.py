@@ -68,48 +68,59 @@ def count_documents(tag: str, documents: int) -> None:
 
 
 class ModelFollower:
-    """Keeps ``current`` on the version that ``name``'s production pointer names."""
+    """Keeps ``current`` on the version that ``name``'s production pointer names (with no pointer: the
+    version it started with). Loads run as a task of their own, so the reports go on meanwhile; each
+    report names the pointer it answers (its stamp), so that a failure is never read for a later
+    promotion of the same version."""
 
     def __init__(self, name: str, current: Served) -> None:
         self.name = name
         self.current = current
-        self.failed: dict[str, str] | None = None  # the last promoted version that could not be loaded
-        self._stamp = pointer_stamp(name)
+        self.start_tag = current.tag
+        self.failed: dict[str, object] | None = None  # the promoted version that could not be loaded, and why
+        self._stamp: tuple[int, int] | bool | None = False  # False: not read yet (a promotion during start-up)
+        self._wanted = current.tag
+        self._loading: asyncio.Task[None] | None = None
         self._reported = 0.0
 
     async def run(self) -> None:
         try:
             while True:
                 with contextlib.suppress(Exception):  # a bad poll must never end the following
-                    await self.poll()
+                    self.poll()
                 await asyncio.sleep(POLL_SECONDS)
         finally:
             with contextlib.suppress(OSError):
                 forget_replica(self.name)
 
-    async def poll(self) -> None:
+    def poll(self) -> None:
         stamp = pointer_stamp(self.name)
         if stamp != self._stamp:
-            self._stamp = stamp
-            wanted = production_tag(self.name)
-            if wanted and wanted != self.current.tag:
-                await self.switch(wanted)
+            self._stamp, self.failed, self._reported = stamp, None, 0.0
+            self._wanted = production_tag(self.name) or self.start_tag
+        loading = self._loading is not None and not self._loading.done()
+        if self._wanted != self.current.tag and not loading and self.failed is None:
+            self._loading = asyncio.get_running_loop().create_task(self.switch(self._wanted, stamp))
+            loading = True
         if time.monotonic() - self._reported >= REPORT_SECONDS:  # a small file, written here: a thread of its
-            report_replica(self.name, self.current.tag, self.failed)  # own would hold a malloc arena of its own
+            report_replica(self.name, self.current.tag, self.failed,  # own would hold a malloc arena of its own
+                           loading=self._wanted if loading else None, pointer=stamp)
             self._reported = time.monotonic()
 
-    async def switch(self, tag: str) -> None:
+    async def switch(self, tag: str, stamp: tuple[int, int] | None) -> None:
         started = time.monotonic()
         try:
             new = await anyio.to_thread.run_sync(load_served, tag)
         except Exception as e:  # whatever it is, the serving version stays
             reason = f"{e.__class__.__name__}: {e}".splitlines()[0]
-            self.failed = {"tag": tag, "reason": reason}
+            if stamp == self._stamp:  # still what the pointer asks for
+                self.failed, self._reported = {"tag": tag, "reason": reason, "pointer": stamp}, 0.0
             logger.error("cannot serve %s (promoted to production): %s; still serving %s", tag, reason,
                          self.current.tag)
-            self._reported = 0.0
             return
-        old, self.current, self.failed, self._reported = self.current, new, None, 0.0
+        if tag != self._wanted:  # the pointer moved on while it loaded: the next poll loads that one
+            return
+        old, self.current, self._reported = self.current, new, 0.0
         logger.info("now serving %s (was %s; loaded in %.1f s)", tag, old.tag, time.monotonic() - started)
         asyncio.get_running_loop().create_task(release_when_done(weakref.ref(old)))
         del old

@@ -63,8 +63,9 @@ def served_model() -> tuple[str, str | None]:
     stays). ``$HAN_MODEL_TAG``; else, in a built bento, the model it was built with (a bento pins its
     model); else ``han-imdb:production``."""
     ref = os.environ.get(MODEL_TAG_ENV, "").strip()
-    bento_yaml = Path(__file__).resolve().parent.parent.parent / "bento.yaml"  # <bento>/src/service/service.py
-    if not ref and bento_yaml.is_file():
+    src = Path(__file__).resolve().parent.parent  # <bento>/src/service/service.py in a bento
+    bento_yaml = src.parent / "bento.yaml"
+    if not ref and src.name == "src" and bento_yaml.is_file():
         import yaml
 
         info = yaml.safe_load(bento_yaml.read_text(encoding="utf-8")) or {}

@@ -3,7 +3,7 @@ environment (the project not installed there) and served from outside the checko
 image that ``bentoml containerize`` writes starts it (its entrypoint, its variables).
 
 Not in ``make test`` (it stays within its ten minutes): ``make test-bento``, which .ci/run runs too.
-About 70-90 s on 2 cores: ``bentoml build`` and ``export`` 10 s, the fresh environment 45 s (pip's
+80 to 150 s on 2 cores (80 s quiet): ``bentoml build`` and ``export`` 10 s, the fresh environment 45 s (pip's
 cache warm), the server 10 s. The fresh environment reaches the registries as this machine does;
 pip runs with ``--retries 0`` because the bento names PyTorch's CPU index, which only a container
 build reaches (here the same torch wheel comes from the local registry).
@@ -28,7 +28,32 @@ import yaml
 from service.process import free_port, stop_process_group, wait_ready
 from tests.service_server import REPO, base_env, register_model, tiny_model_dir_quickly
 
-pytestmark = [pytest.mark.slow, pytest.mark.bento]
+SERVICE_NEEDS = ("torch", "numpy", "pydantic", "pyyaml", "safetensors", "spacy", "bentoml")  # what service/ imports
+
+
+def runtime_closure(roots: tuple[str, ...] = SERVICE_NEEDS) -> dict[str, str]:
+    """Every package the service's own needs pull in, installed here, by normalised name: its version."""
+    from packaging.requirements import Requirement
+
+    found: dict[str, str] = {}
+    stack = list(roots)
+    while stack:
+        name = re.sub(r"[-_.]+", "-", stack.pop()).lower()
+        if name in found:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[name] = dist.version.split("+")[0]  # torch 2.13.0+cpu: the index decides the build
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                stack.append(requirement.name)
+    return found
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.bento, pytest.mark.timeout(1500)]  # pip may be slow on a cold cache
 KEY = "bento-test-key-0123456789abcdef"
 
 
@@ -104,6 +129,10 @@ def test_requirements_pin_each_package_once_at_the_tested_version(bento: dict) -
         assert version, f"{pin}: not an exact pin"
         assert importlib.metadata.version(name).split("+")[0] == version, f"{pin}: the tests run with another version"
     assert {"torch", "bentoml", "spacy", "safetensors", "pydantic", "numpy"} <= set(names)
+    normalised = {re.sub(r"[-_.]+", "-", name) for name in names}
+    missing = sorted(set(runtime_closure()) - normalised)
+    assert not missing, (f"not pinned in service/requirements.txt: {missing}; regenerate it with "
+                         "`.venv/bin/python -m tests.test_bento > service/requirements.txt`")
     dockerfile = (bento["bento"] / "env/docker/Dockerfile").read_text()
     assert "pip install -r $BENTO_PATH/env/python/requirements.txt" in dockerfile  # the image installs these
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines  # torch's CPU wheel in the image
@@ -174,3 +203,10 @@ def _cleanup(bento: dict):
     yield
     shutil.rmtree(bento["root"], ignore_errors=True)
 
+
+
+if __name__ == "__main__":  # service/requirements.txt, from the versions installed here
+    print(__import__("pathlib").Path("service/requirements.txt").read_text().split("\n\n")[0] + "\n")
+    for name, version in sorted(runtime_closure().items()):
+        if name != "bentoml":  # BentoML writes the one that builds the bento
+            print(f"{name}=={version}")

@@ -146,3 +146,9 @@ def test_the_command_compares_stored_models_and_keeps_the_result(models: dict[st
                           str(DATA)], cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.startswith("error: no model directory or BentoML model named")
     assert len(bad.stderr.strip().splitlines()) == 1
+    corrupt = home / "models" / "han-cmp" / worse.split(":")[1] / "model.safetensors"
+    corrupt.write_bytes(corrupt.read_bytes()[:100])
+    broken = subprocess.run([sys.executable, "-m", "training.model_cli", "compare", worse, good, "--data", str(DATA)],
+                            cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 1 and "unreadable or mismatched weights" in broken.stderr, broken.stderr
+    assert len(broken.stderr.strip().splitlines()) == 1

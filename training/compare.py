@@ -18,8 +18,8 @@ from scipy.stats import binomtest
 from sklearn.metrics import f1_score
 
 from han.pipeline import Pipeline, document_problem
-from han.saved_model import SavedModel
-from han.segment import has_words
+from han.saved_model import ModelDirectoryError, SavedModel
+from han.segment import LanguageError, has_words
 from model_store import ModelNotFoundError, load, resolve_tag
 from training.report import evaluate
 from training.sources import DataError, load_source
@@ -61,8 +61,8 @@ def _load(ref: str) -> tuple[SavedModel, str]:
         tag = ref  # load's message names directories too
     try:
         return load(tag), tag
-    except ModelNotFoundError as e:
-        raise CompareError(str(e)) from None
+    except (ModelNotFoundError, ModelDirectoryError, LanguageError) as e:  # unknown, corrupt, or no tokenizer
+        raise CompareError(f"{tag}: {e}" if tag not in str(e) else str(e)) from None
 
 
 def check_comparable(new: SavedModel, old: SavedModel, new_name: str, old_name: str) -> None:

@@ -182,7 +182,7 @@ class ExportModel(pl.Callback):
             texts, targets = _split(data, split)
             with Step(f"comparing with {self.compare_with} on {split}", len(texts)) as step:
                 result = compare_saved(saved, champion, texts, targets, progress=step.stage)
-        except (CompareError, LookupError) as e:  # LookupError: the champion was deleted during the fit
+        except (CompareError, LookupError, ValueError) as e:  # the champion deleted or broken during the fit
             rank_zero_warn(f"no comparison with {self.compare_with}: {e}")
             return None
         result = {"new": "this fit", "old": self._compare_ref, "old_tag": self.compare_with,

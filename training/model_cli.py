@@ -27,6 +27,7 @@ from model_store.production import (
     deployment_dir,
     live_replicas,
     locked,
+    pointer_stamp,
     production_tag,
     read_pointer,
     record_decision,
@@ -150,55 +151,58 @@ def promote(args: argparse.Namespace) -> int:
                     raise PromotionError(
                         f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
                         f"({_figures(comparison)}); --force promotes it anyway")
-        before = read_pointer(name)
-        set_pointer(tag, "promote", details)
-        return _follow(name, tag, before, current, args.wait, "promoted")
+        return _move(name, tag, "promote", details, args.wait, "promoted")
 
 
 def rollback(args: argparse.Namespace) -> int:
     name = split_tag(args.name)[0]
     with locked(name):
-        before = read_pointer(name)
-        target = rollback_target(name)
-        set_pointer(target, "rollback")
-        return _follow(name, target, before, before["tag"] if before else None, args.wait, "rolled back to")
+        return _move(name, rollback_target(name), "rollback", {}, args.wait, "rolled back to")
 
 
-def _follow(name: str, tag: str, before: dict[str, Any] | None, previous: str | None, wait: float,
-            verb: str) -> int:
-    """Wait until every running service serves ``tag``; if one cannot, put the pointer back. The running
-    services are the check that counts (they load the version where it will serve, beside the serving
-    one, in about a second); with none, the version is loaded here instead, before it stays."""
+def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float, verb: str) -> int:
+    """Point production at ``tag`` and wait until every running service serves it; if one cannot load it,
+    put the pointer back. The running services are the check that counts (each loads the version where
+    it will serve, beside the serving one, in about a second); with none running, the version is loaded
+    here before the pointer moves."""
+    before = read_pointer(name)
+    previous = before["tag"] if before else None
     replicas = live_replicas(name)
     if not replicas:
         try:
             check_loads(tag)
         except Exception as e:
-            restore_pointer(before, name)
-            record_decision(name, {"tag": tag, "decision": "put back: it does not load", "reason": _reason(e)})
+            record_decision(name, {"tag": tag, "decision": "not moved: it does not load", "reason": _reason(e)})
             raise PromotionError(f"cannot make {tag} the production version: it does not load ({_reason(e)}); "
                                  f"production stays on {previous or 'nothing'}") from None
+        set_pointer(tag, action, details)
         print(f"{verb} {tag} (was {previous or 'nothing'}). Note: no running service follows {name} right now "
               f"(none reported in the last seconds); services started from now serve {tag}.")
         return 0
+    set_pointer(tag, action, details)
+    stamp = list(pointer_stamp(name) or [])
     deadline = time.monotonic() + wait
     while True:
-        replicas = {key: report for key, report in live_replicas(name).items() if key in replicas}
-        failed = {key: r["failed"]["reason"] for key, r in replicas.items()
-                  if (r.get("failed") or {}).get("tag") == tag}
+        now = live_replicas(name)
+        reports, gone = {k: now[k] for k in replicas if k in now}, sorted(k for k in replicas if k not in now)
+        failed = {key: r["failed"]["reason"] for key, r in reports.items()  # for this move, not an earlier one
+                  if (r.get("failed") or {}).get("tag") == tag and list(r["failed"].get("pointer") or []) == stamp}
         if failed:
             restore_pointer(before, name)
             key, reason = next(iter(failed.items()))
             record_decision(name, {"tag": tag, "decision": f"put back: it does not load in {key}", "reason": reason})
             raise PromotionError(f"cannot make {tag} the production version: it does not load in the service {key} "
                                  f"({reason}); production stays on {previous or 'nothing'}")
-        waiting = sorted(key for key, r in replicas.items() if r.get("serving") != tag)
-        if not waiting:
-            print(f"{verb} {tag} (was {previous or 'nothing'}): {len(replicas)} service worker(s) serve it")
+        waiting = sorted(key for key, r in reports.items() if r.get("serving") != tag)
+        if not waiting and not gone:
+            print(f"{verb} {tag} (was {previous or 'nothing'}): {len(reports)} service worker(s) serve it")
             return 0
-        if time.monotonic() > deadline:
-            print(f"{verb} {tag}, but {len(waiting)} of {len(replicas)} service worker(s) did not follow within "
-                  f"{wait:g} s: {', '.join(waiting)} (see `han-model status {name}`)", file=sys.stderr)
+        if not waiting or time.monotonic() > deadline:
+            print(f"{verb} {tag} (was {previous or 'nothing'}), but of {len(replicas)} service worker(s), "
+                  + (f"{len(waiting)} did not follow within {wait:g} s ({', '.join(waiting)})" if waiting else "")
+                  + ("; " if waiting and gone else "")
+                  + (f"{len(gone)} stopped reporting before they did ({', '.join(gone)})" if gone else "")
+                  + f": see `han-model status {name}`", file=sys.stderr)
             return 1
         time.sleep(0.25)
 
@@ -215,7 +219,8 @@ def status(args: argparse.Namespace) -> int:
             print(f"  {entry['at']}  {entry['action']:<8} {entry['tag']}{extra}")
     for key, report in live_replicas(name).items():
         failed = f"; could not load {report['failed']['tag']}" if report.get("failed") else ""
-        print(f"  service {key}: serving {report['serving']}{failed}")
+        loading = f"; loading {report['loading']}" if report.get("loading") else ""
+        print(f"  service {key}: serving {report['serving']}{loading}{failed}")
     return 0
 
 
@@ -246,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         return {"promote": promote, "rollback": rollback, "status": status}[args.command](args)
     except (PromotionError, ModelNotFoundError) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the model store cannot be read or written (permissions, a full disk)
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # training.compare.CompareError, imported only where a comparison runs
         compare = sys.modules.get("training.compare")
