@@ -20,6 +20,7 @@ from bentoml.exceptions import BentoMLException, NotFound
 from model_store.production import PRODUCTION, follows_pointer, production_tag, split_tag
 
 if TYPE_CHECKING:  # torch and spaCy load only where a model does: han-model status starts in a second
+    from han.pipeline import Pipeline
     from han.saved_model import SavedModel
 
 DEFAULT_MODEL_TAG = f"han-imdb:{PRODUCTION}"
@@ -45,18 +46,23 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
     return str(model.tag)
 
 
-def resolve_tag(ref: str) -> str:
-    """The ``NAME:VERSION`` that a tag names now: ``NAME`` and ``NAME:production`` the production
-    pointer's version (else the latest), ``NAME:latest`` the latest. ModelNotFoundError if none."""
+def _stored(ref: str) -> Any:
+    """The BentoML model a tag names now: ``NAME`` and ``NAME:production`` the production pointer's
+    version (else the latest), ``NAME:latest`` the latest. ModelNotFoundError if none."""
     if follows_pointer(ref):
         name = split_tag(ref)[0]
         ref = production_tag(name) or f"{name}:latest"
     try:
-        return str(bentoml.models.get(str(ref)).tag)
+        return bentoml.models.get(str(ref))
     except (NotFound, BentoMLException, ValueError) as e:
         raise ModelNotFoundError(
             f"no BentoML model named {str(ref)!r} (train one with `han-train fit`, or see `bentoml models list`)"
         ) from e
+
+
+def resolve_tag(ref: str) -> str:
+    """The ``NAME:VERSION`` that a tag names now (``_stored``)."""
+    return str(_stored(ref).tag)
 
 
 def model_path(ref: str | Path) -> Path:
@@ -65,19 +71,14 @@ def model_path(ref: str | Path) -> Path:
     if path.is_dir():
         return path
     try:
-        return Path(bentoml.models.get(resolve_tag(str(ref))).path)
+        return Path(_stored(str(ref)).path)
     except ModelNotFoundError as e:
         raise ModelNotFoundError(f"no model directory or {e.args[0].removeprefix('no ')}") from None
-    except (NotFound, BentoMLException, ValueError) as e:
-        raise ModelNotFoundError(
-            f"no model directory or BentoML model named {str(ref)!r} "
-            "(train one with `han-train fit`, or see `bentoml models list`)"
-        ) from e
 
 
 def load_metadata(ref: str) -> dict[str, Any]:
     """A stored model's metadata (what the fit recorded), without loading its tensors."""
-    return dict(bentoml.models.get(resolve_tag(ref)).info.metadata)
+    return dict(_stored(ref).info.metadata)
 
 
 def load(ref: str | Path) -> SavedModel:
@@ -85,6 +86,16 @@ def load(ref: str | Path) -> SavedModel:
     from han.saved_model import SavedModel
 
     return SavedModel.load(model_path(ref))
+
+
+def load_checked(ref: str | Path) -> Pipeline:
+    """Load a model and classify one document with it: what a service does before it serves a
+    version, so that one that cannot serve (corrupt, or a language without a tokenizer) fails here."""
+    from han.pipeline import Pipeline
+
+    pipeline = Pipeline(load(ref))
+    pipeline(["A short check."], explain="full")
+    return pipeline
 
 
 def _json_safe(value: Any) -> Any:

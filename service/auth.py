@@ -110,12 +110,14 @@ class KeysFile:
     looked at no more than once every ``every`` seconds. A file that cannot be read or holds no key
     is logged and the keys read before stay: a rotation half-written never locks every caller out."""
 
-    def __init__(self, path: str, keys: list[bytes], every: float = 1.0) -> None:
-        self.path, self.every = path, every
+    def __init__(self, path: str | None, keys: list[bytes], every: float = 1.0) -> None:
+        self.path, self.every = path, every  # no path: the keys stay as given
         self.digests = [hashlib.sha256(key).digest() for key in keys]
         self._stamp, self._checked = self._stat(), time.monotonic()
 
     def _stat(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
         try:
             st = os.stat(self.path)
         except OSError:
@@ -123,7 +125,7 @@ class KeysFile:
         return st.st_mtime_ns, st.st_size, st.st_ino
 
     def current(self) -> list[bytes]:
-        if time.monotonic() - self._checked >= self.every:
+        if self.path is not None and time.monotonic() - self._checked >= self.every:
             self._checked = time.monotonic()
             stamp = self._stat()
             if stamp != self._stamp:
@@ -145,13 +147,12 @@ class ApiKeyGuard:
 
     def __init__(self, app: App, keys: list[bytes], open_metrics: bool = False, keys_file: str | None = None) -> None:
         self.app = app
-        self.keys = KeysFile(keys_file, keys) if keys_file and keys else None
-        self._digests = [hashlib.sha256(key).digest() for key in keys]
+        self.keys = KeysFile(keys_file if keys else None, keys)  # no keys at start: none ever (loopback)
         self.open = OPEN_PATHS | ({"/metrics"} if open_metrics else set())
 
     @property
     def digests(self) -> list[bytes]:
-        return self.keys.current() if self.keys is not None else self._digests
+        return self.keys.current()
 
     def allowed(self, authorization: bytes | None) -> bool:
         scheme, _, token = (authorization or b"").partition(b" ")

@@ -1,6 +1,6 @@
 """The served model, and how a running worker follows the production pointer without a restart.
 
-A worker polls ``NAME``'s pointer (model_store.production) once a second. When it names another
+A worker polls ``NAME``'s pointer (model_store.production) twice a second. When it names another
 version, that version is loaded beside the serving one, in a thread, and checked on a document;
 then new requests go to it, while the requests already taken finish on the model they started on
 (each request holds its ``Served``). The old model is freed when the last of them is answered. A
@@ -22,7 +22,7 @@ import bentoml
 
 import han
 from han.environment import release_free_memory
-from model_store import model_path
+from model_store import load_checked
 from model_store.production import forget_replica, pointer_stamp, production_tag, report_replica
 from service.api import ModelInfo, model_info
 
@@ -42,16 +42,12 @@ class Served:
 
 
 def load_served(tag: str, path: Path | None = None, registered_at: str | None = None) -> Served:
-    """Load ``tag`` and classify one document with it, so that a model that cannot serve fails here,
-    beside the serving one, rather than on a request."""
+    """Load ``tag`` and check it on a document (model_store.load_checked), so that a model that cannot
+    serve fails here, beside the serving one, rather than on a request."""
     if path is None:
-        path = model_path(tag)
         registered_at = bentoml.models.get(tag).info.creation_time.isoformat()
-    saved = han.SavedModel.load(path)
-    han.check_language(saved.segmenter.language)
-    pipeline = han.Pipeline(saved)
-    pipeline(["A short check."], explain="full")
-    return Served(tag, pipeline, model_info(tag, registered_at or "", saved))
+    pipeline = load_checked(path or tag)
+    return Served(tag, pipeline, model_info(tag, registered_at or "", pipeline.saved))
 
 
 _documents = None
@@ -69,11 +65,11 @@ def count_documents(tag: str, documents: int) -> None:
 
 class ModelFollower:
     """Keeps ``current`` on the version that ``name``'s production pointer names (with no pointer: the
-    version it started with). Loads run as a task of their own, so the reports go on meanwhile; each
-    report names the pointer it answers (its stamp), so that a failure is never read for a later
-    promotion of the same version."""
+    version it started with; with no name, a worker pinned to one version, it only holds ``current``).
+    Loads run as a task of their own, so the reports go on meanwhile; each report names the pointer it
+    answers (its stamp), so that a failure is never read for a later promotion of the same version."""
 
-    def __init__(self, name: str, current: Served) -> None:
+    def __init__(self, name: str | None, current: Served) -> None:
         self.name = name
         self.current = current
         self.start_tag = current.tag

@@ -136,8 +136,7 @@ class HANClassifier:
         tune_process()
         stored = self.bento_model
         served = load_served(str(stored.tag), Path(stored.path), stored.info.creation_time.isoformat())
-        self.follower = ModelFollower(FOLLOWS, served) if FOLLOWS else None
-        self._served = None if self.follower else served  # one reference: a replaced version must be freed
+        self.follower = ModelFollower(FOLLOWS, served)  # the one reference: a replaced version must be freed
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=self._rest, wait=BATCH_WAIT,
@@ -147,7 +146,7 @@ class HANClassifier:
     @property
     def served(self) -> Served:
         """The version new requests go to."""
-        return self.follower.current if self.follower else self._served  # type: ignore[return-value]
+        return self.follower.current
 
     @property
     def info(self) -> ModelInfo:
@@ -156,7 +155,7 @@ class HANClassifier:
     @bentoml.on_startup
     def _follow(self) -> None:
         """Follow the production pointer (a task of this worker's event loop, kept referenced)."""
-        if self.follower is not None:
+        if self.follower.name is not None:
             self._following = asyncio.get_running_loop().create_task(self.follower.run())
 
     def _rest(self) -> None:

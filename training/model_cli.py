@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from han.environment import apply_defaults
-from model_store import ModelNotFoundError, model_path, resolve_tag
+from model_store import ModelNotFoundError, load_checked, resolve_tag
 from model_store.production import (
     PromotionError,
     deployment_dir,
@@ -118,15 +118,6 @@ def stored_comparison(new: str, old: str) -> dict[str, Any] | None:
     return None
 
 
-def check_loads(tag: str) -> None:
-    """What a service does before it serves a version: load it, and classify one document."""
-    import han
-
-    saved = han.SavedModel.load(model_path(tag))
-    han.check_language(saved.segmenter.language)
-    han.Pipeline(saved)(["A short check."], explain="full")
-
-
 def promote(args: argparse.Namespace) -> int:
     tag = resolve_tag(args.tag)
     name, _ = split_tag(tag)
@@ -170,7 +161,7 @@ def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float
     replicas = live_replicas(name)
     if not replicas:
         try:
-            check_loads(tag)
+            load_checked(tag)
         except Exception as e:
             record_decision(name, {"tag": tag, "decision": "not moved: it does not load", "reason": _reason(e)})
             raise PromotionError(f"cannot make {tag} the production version: it does not load ({_reason(e)}); "
