@@ -104,7 +104,7 @@ def run_once(
     module = "service.batch" if (checkout / "service" / "batch.py").is_file() else "scoring"  # before/after 2026-11
     cmd = [sys.executable, "-m", module, str(input_path), str(workdir / "scores.parquet")]
     cmd += ["--model", model, "--overwrite", "--quiet", "--summary-json", str(summary_path)]
-    cmd += ["--explain" if explain else "--no-explain", *extra]
+    cmd += [*(["--explain"] if explain else []), *extra]
     env = {**ENV, "PYTHONPATH": str(checkout)}
     return measure(cmd, summary_path, cwd=checkout, env=env)
 

@@ -40,15 +40,15 @@ def main() -> int:
 
     cost: dict[str, dict[str, float]] = {}
     for method in ("none", *METHODS):
-        explain, name = (None, "attention") if method == "none" else ("full", method)
-        pipeline(texts[:4], explain=explain, method=name)  # warm-up
+        explain = None if method == "none" else method
+        pipeline(texts[:4], explain=explain)  # warm-up
         single = []
         for text in texts[: args.single]:
             start = time.perf_counter()
-            pipeline([text], explain=explain, method=name)
+            pipeline([text], explain=explain)
             single.append(1000 * (time.perf_counter() - start))
         start = time.perf_counter()
-        pipeline(texts[: args.batched], explain=explain, method=name)
+        pipeline(texts[: args.batched], explain=explain)
         batched = 1000 * (time.perf_counter() - start) / args.batched
         cost[method] = {"single_p50_ms": statistics.median(single), "batched_ms_per_doc": batched}
         print(

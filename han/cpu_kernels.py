@@ -11,7 +11,7 @@ time over the sequences still running.
   through time is written out: autograd's own graph of a CPU GRU costs a dozen small nodes, two
   weight products and a concatenation per step and direction. Without (serving, han-score,
   evaluation) it is ``gru_steps``, which keeps nothing for a backward pass.
-- tanh is computed as 2 sigmoid(2a) - 1 (PyTorch's sigmoid is about 6x cheaper than its tanh on a CPU).
+- tanh is computed as 2 sigmoid(2a) - 1 (PyTorch's sigmoid is much cheaper than its tanh on a CPU).
 
 ``tests/test_model.py`` keeps every way equal to ``nn.GRU``, values and gradients; docs/experiments.md
 has the measurements behind each.
@@ -34,9 +34,7 @@ def mask(lengths: Tensor, steps: int) -> Tensor:
 
 
 # The input terms the recurrence reads, gathered a run of steps at a time up to this many bytes: one
-# read rather than one a step (a step is a few small operations, each with a fixed cost), small
-# enough to stay in a core's cache while its steps read it. Any size from 64 kB to 8 MB took the
-# forward pass about 10% less time than a read a step (docs/experiments.md).
+# read rather than one a step (each has a fixed cost), small enough to stay in a core's cache.
 GATHER_BYTES = 256 << 10
 
 
@@ -96,7 +94,7 @@ class Recurrence(torch.autograd.Function):
     packed order (``projected`` already read), and the backward pass through time written out: a
     backward step is one product and a few element-wise operations, the recurrent weights' gradient
     one product over every step at the end. Its forward repeats ``gru_steps``'s step, keeping what the
-    backward reads: one step function shared by both cost the no-gradient path about 2% (experiments)."""
+    backward reads (one step function shared by both slowed the no-gradient path)."""
 
     @staticmethod
     def forward(ctx: Any, gi: Tensor, w_hh: Tensor, b_hh: Tensor, sizes: list[int]) -> Tensor:  # type: ignore[override]

@@ -1,8 +1,8 @@
-"""The one place for the process environment every entry point wants: offline, no telemetry.
+"""The process settings every entry point applies, and the one module of han that reads the environment.
 
-Nothing here downloads models or data at run time, and BentoML must not phone home; the
-entry points (han-train, han-score, the service, ``make run``) call ``apply_defaults`` first.
-A value the user already set wins.
+Offline and no telemetry: nothing downloads models or data at run time, and BentoML must not phone home
+(``apply_defaults``; a value the user set wins). The glibc malloc tuning lives here, not in scoring or the
+service, because both need it and neither may import the other.
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ DEFAULTS = {
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    # Ray (han-score --engine ray): no usage stats sent, no dashboard metrics exporter.
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_RECORD_ACTOR_TASK_LOGGING": "0",
 }
 
 
@@ -50,17 +47,9 @@ def requested_threads() -> int:
 
 
 def tune_process(threads: int = 1) -> None:
-    """Settings for a process that runs the model (han-score's scoring processes, a serving worker):
-    one torch thread by default (a second one measured no faster and slower beside any other busy
-    process: BENCHMARKS.md), and glibc malloc kept from thrashing.
-
-    Each batch allocates and frees tensors of several MB. By default glibc serves those with
-    mmap/munmap (and trims the heap after big frees), so every batch page-faults fresh zeroed
-    memory: measured, a third of the model's time went to the kernel (1000 IMDB reviews:
-    user 1.35 s + sys 0.66 s; with these settings user 1.26 s + sys 0.05 s). Allocations up to
-    32 MB stay on the heap; free memory above 32 MB at its top is still given back (a threshold
-    of 256 MB cost han-score's main process 60 MB of RSS at 25,000 rows for no measurable speed).
-    """
+    """Settings for a process that runs the model (a scoring process, a serving worker): one torch thread
+    (a second is no faster), and a batch's tensors of several MB kept on the heap up to 32 MB rather than
+    mmap'ed and page-faulted afresh every batch (docs/experiments.md, glibc malloc)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -73,41 +62,24 @@ def tune_process(threads: int = 1) -> None:
 
 
 def freeze_loaded_objects() -> None:
-    """Exempt everything loaded so far (libraries, the model, the vocabulary) from garbage collection.
-
-    A serving worker holds about 260,000 tracked objects after start-up, and a full collection walks
-    them all (about 120 ms); each document's explanation allocates a few hundred short-lived objects,
-    which set collections off. After ``gc.freeze()`` collections walk only what came later: measured
-    in process, 0.13 ms of a document's 2.4 ms went to the collector before, 0.03 ms after.
-    Call it once, after the model is loaded.
-    """
+    """Exempt everything loaded so far (libraries, the model) from garbage collection, so that the collections
+    an explanation's short-lived objects set off walk only what came later. Call it once, after the model loads."""
     gc.collect()
     gc.freeze()
 
 
 def release_free_memory() -> None:
-    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``; elsewhere nothing),
-    after emptying Python's type attribute cache.
-
-    ``tune_process`` keeps freed memory on the heap for the next batch; a serving worker calls this
-    once it has been idle a while, so that a burst of load does not leave it holding the burst's
-    peak (measured in process: 16 to 29 MB given back after bursts of batches; about 1 ms a call).
-    The type cache keeps a reference to the name of every attribute looked up on a type, and
-    C code (numpy's ``cumsum``, among others) looks names up by strings it makes on the spot: a
-    few hundred such strings, made among a large request's millions of short-lived objects, each
-    kept one of Python's 1 MB memory arenas from being given back (measured: 256 documents of 40 kB
-    with full explanations left 8-15 MB behind; 455 strings, 27 kB, held it all).
-    """
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``; elsewhere nothing), so that an
+    idle serving worker does not keep a burst's peak. Python's type attribute cache is emptied first: the
+    names C code makes on the spot (numpy's among them), kept there, pin whole memory arenas."""
     clear_type_cache = getattr(sys, "_clear_internal_caches", None) or getattr(sys, "_clear_type_cache", None)
     if clear_type_cache is not None:  # lookups refill it at their next use
         clear_type_cache()
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
-        # malloc_trim empties the free chunks of every arena, but the top of a thread's arena (where
-        # the inference thread's freed tensors merge) goes back only when a large free() finds it
-        # over the trim threshold, which tune_process raised to 32 MB: lower it for one such free.
-        # (docs/experiments.md, 2026-11-26; tests/test_service_units.py shows malloc_trim alone giving none of it back.)
+        # A thread arena's top (the inference thread's freed tensors) goes back only at a large free()
+        # over the trim threshold, not with malloc_trim: lower the threshold for one such free.
         libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
         libc.free(libc.malloc(256 << 10))  # 256 kB: over the 64 kB at which free() trims
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)

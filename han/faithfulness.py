@@ -1,31 +1,15 @@
-"""How far to trust an explanation: does removing what it points at change the prediction?
+"""How far to trust an explanation: does removing what it points at change the prediction (p, the
+probability of the predicted label)? Each method's ranking of words and sentences against a random one:
 
-For each document the pipeline predicts a label with probability p. An explanation method ranks
-the words (document-level weights) and the sentences; a faithful ranking puts first what the
-prediction rests on. Measured against a random ranking:
+* comprehensiveness and sufficiency at k% (ERASER, DeYoung et al. 2020): p minus p without the top k% of
+  words, and with only them; averaged over k = 1, 5, 10, 20, 50% into an AOPC;
+* sentence deletion: the drop in p, and how often the label flips, without the top 1 or 3 sentences;
+* Kendall tau of a method's word weights against leave-one-word-out (Jain & Wallace 2019);
 
-* comprehensiveness at k% (ERASER, DeYoung et al. 2020): p minus p with the top k% of words removed
-  (higher is better); sufficiency at k%: p minus p with only the top k% kept (lower is better);
-  each averaged over k = 1, 5, 10, 20, 50% into an AOPC;
-* sentence deletion: the drop in p, and how often the label flips, when the top 1 or 3 sentences
-  are removed (for the random ranking, the expectation: averaged over every choice, or 20 of them);
-* Kendall tau between a method's word weights and leave-one-word-out (occlusion), per document
-  (Jain & Wallace 2019), on a smaller sample.
-
-Each method's AOPCs and sentence drops also come as ratios to the random ranking's ("x random") with
-a bootstrap interval over the documents: a ratio of two small means moves a lot from one sample of a
-few hundred documents to another.
-
-The sentence counts come with the result because they set the scale of the top-1 ratio: a random
-one of n sentences is the top one with probability 1/n. Where no other sentence moves p, the random
-drop is 1/n of the top one's and the ratio a weighted mean of n: the harmonic mean when every
-document's top drop is the same, less where short documents' top sentences weigh more (as on IMDB).
-Only sentences whose removal raises p take it above that.
-
-Everything runs on token ids through the pipeline's own stages (encode, forward, scores). Documents
-are measured a few at a time, so that a time budget can end the measurement after any of them (a
-fit's export gives it a share of the fit's time: on long documents the check would otherwise take
-longer than the training).
+each also as a ratio to the random ranking's ("x random") with a bootstrap interval over the documents,
+and with the sentence counts, which set the top-1 ratio's scale (a random one of n sentences is the top
+one with probability 1/n). It runs on token ids through the pipeline's own stages, a few documents at a
+time, so that a time budget (a share of a fit's time) can end it after any of them.
 """
 
 from __future__ import annotations
@@ -62,13 +46,17 @@ def _encode(doc: Document) -> Encoded:
     return np.concatenate(doc).astype(np.int64), np.array([len(s) for s in doc], dtype=np.int64)
 
 
+def _scores(pipeline: Pipeline, encoded: Sequence[Encoded]) -> np.ndarray:
+    """The label probabilities [documents, labels], through the pipeline's forward and scores stages."""
+    probs = np.zeros((len(encoded), len(pipeline.labels)))
+    for chunk, output in pipeline.forward(encoded):
+        probs[chunk] = pipeline.scores(output.logits)
+    return probs
+
+
 def _probabilities(pipeline: Pipeline, docs: Sequence[Document], labels: np.ndarray) -> np.ndarray:
-    """p(labels[i] | docs[i]) for each document, through the pipeline's forward and scores stages."""
-    out = np.zeros(len(docs))
-    for chunk, output in pipeline.forward([_encode(d) for d in docs]):
-        probs = pipeline.scores(output.logits)
-        out[chunk] = probs[np.arange(len(chunk)), labels[chunk]]
-    return out
+    """p(labels[i] | docs[i]) for each document."""
+    return _scores(pipeline, [_encode(d) for d in docs])[np.arange(len(docs)), labels]
 
 
 def _split(ids: np.ndarray, lengths: np.ndarray) -> Document:
@@ -211,9 +199,7 @@ def _measure(
 
 def _predicted(pipeline: Pipeline, encoded: Sequence[Encoded]) -> tuple[np.ndarray, np.ndarray]:
     """The documents' predicted labels and the probability of each."""
-    probs = np.zeros((len(encoded), len(pipeline.labels)))
-    for chunk, output in pipeline.forward(encoded):
-        probs[chunk] = pipeline.scores(output.logits)
+    probs = _scores(pipeline, encoded)
     label = probs.argmax(1)
     return label, probs[np.arange(len(encoded)), label]
 
@@ -276,8 +262,7 @@ def _stream(seed: int, *names: str) -> np.random.Generator:
 
 def _random_removals(n: int, top: int, rng: np.random.Generator, draws: int = RANDOM_DRAWS) -> list[np.ndarray]:
     """The sets of ``top`` sentences a random ranking removes first, to average over: every one of them
-    when there are at most ``draws``, else ``draws`` random ones. One draw per document made the random
-    baseline's drop too noisy to compare with (14.9x on one 100-review sample, 7.5x on 500)."""
+    when there are at most ``draws``, else ``draws`` random ones (one draw made the baseline too noisy)."""
     if n <= top:
         return [np.arange(n)]
     if math.comb(n, top) <= draws:
@@ -315,12 +300,9 @@ def _removal_effects(
         for gone in sets:
             variants.append([s for j, s in enumerate(doc) if j not in set(gone.tolist())])
     owner = np.repeat(np.arange(len(encoded)), [len(sets) for sets in removals])  # each variant's document
-    after = np.zeros(len(variants))
-    flipped = np.zeros(len(variants))
-    for chunk, output in pipeline.forward([_encode(d) for d in variants]):
-        probs = pipeline.scores(output.logits)
-        after[chunk] = probs[np.arange(len(chunk)), label[owner[chunk]]]
-        flipped[chunk] = probs.argmax(1) != label[owner[chunk]]
+    probs = _scores(pipeline, [_encode(d) for d in variants])
+    after = probs[np.arange(len(variants)), label[owner]]
+    flipped = (probs.argmax(1) != label[owner]).astype(float)
     return p[owner] - after, flipped, owner
 
 

@@ -21,7 +21,7 @@ import torch
 
 from han.attribution import WITHIN_SENTENCE, attribute
 from han.batch import collate_flat, length_sorted_chunks
-from han.methods import METHODS
+from han.methods import explain_method
 from han.model import HANOutput
 from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
 from han.saved_model import SavedModel
@@ -31,7 +31,7 @@ Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
 # Told (stage, documents just done) as a long call advances: "segment", then "classify" (a progress bar's feed).
 Progress = Callable[[str, int], object]
 EMPTY_REASON = "the document has no words (only whitespace or markup)"
-WORD_ID_CACHE = 25_000  # word ids kept by word hash (Pipeline.encode): about 3 MB, as fast as 100,000 (experiments)
+WORD_ID_CACHE = 25_000  # word ids kept by word hash (see Pipeline.encode)
 
 
 def _told(segments: Iterable[Segment], progress: Progress, every: int = 256) -> Iterator[Segment]:
@@ -62,7 +62,6 @@ class TopK:
     words: int = 5
 
 
-Explain = Literal["full"] | TopK | None  # None: no explanation
 Errors = Literal["raise", "return"]
 
 
@@ -95,13 +94,9 @@ class Pipeline:
         return cls(SavedModel.load(path), **kwargs)
 
     def release_caches(self) -> None:
-        """Drop what the pipeline keeps to go faster: the word ids, the segmenter (its spaCy vocabulary
-        and tokenizer cache) and the n-gram head's token hashes. The next documents fill them again.
-
-        A serving worker calls this when idle, so that it returns to its size at start. The old
-        segmenter is collected before the new one is built: built first, the new one's objects land
-        among a burst's garbage and keep Python's memory arenas from being given back (measured in
-        process after the hostile requests and a soak: 30 to 50 MB more held that way)."""
+        """Drop the caches (word ids, the segmenter's spaCy vocabulary, the n-gram head's hashes), so that
+        an idle serving worker returns to its size at start. The old segmenter is collected before the new
+        one is built, whose objects would otherwise land among a burst's garbage and pin its memory arenas."""
         self._ids = {}
         if self.saved.ngrams is not None:
             self.saved.ngrams.release_cache()
@@ -110,14 +105,14 @@ class Pipeline:
         self.segmenter = Segmenter(self.saved.segmenter)
 
     def __call__(
-        self, texts: Sequence[object], explain: Explain = None, errors: Errors = "raise", method: str = "attention"
+        self, texts: Sequence[object], explain: bool | str | None = None, errors: Errors = "raise",
+        top: TopK | None = None,
     ) -> list[DocumentResult | DocumentError]:
-        """Classify ``texts`` in input order. A bad document raises InvalidDocumentError (the first
-        one) with ``errors="raise"``; with ``errors="return"`` it gets a DocumentError in its place.
-        ``method`` is the explanation method (han.methods.METHODS) when ``explain`` asks for one."""
-        if method not in METHODS:
-            raise ValueError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
-        return self._run(texts, explain, errors, None, method if explain is not None else "attention")
+        """Classify ``texts`` in input order. ``explain``: None or False none, True the default method, or
+        a method's name (han.methods.explain_method); ``top``: only the top k sentences and words, else
+        all. A bad document raises InvalidDocumentError (the first one) with ``errors="raise"``; with
+        ``errors="return"`` it gets a DocumentError in its place."""
+        return self._run(texts, explain_method(explain), top, errors, None)
 
     def with_logits(
         self, texts: Sequence[str], progress: Progress | None = None
@@ -127,17 +122,18 @@ class Pipeline:
         hears of each model batch and every few hundred documents segmented, inside the one call, so
         the results are those of a call without it."""
         logits = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
-        return self._run(texts, None, "raise", logits, "attention", progress), logits  # type: ignore[return-value]
+        return self._run(texts, None, None, "raise", logits, progress), logits  # type: ignore[return-value]
 
     def _run(
         self,
         texts: Sequence[object],
-        explain: Explain,
+        method: str | None,
+        top: TopK | None,
         errors: Errors,
         logits: np.ndarray | None,
-        method: str,
         progress: Progress | None = None,
     ) -> list[DocumentResult | DocumentError]:
+        """``__call__``; ``method`` None: no explanation."""
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
         valid = []
         for i, text in enumerate(texts):
@@ -164,17 +160,17 @@ class Pipeline:
         head = self.saved.ngrams
         cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
         head_probs = None if head is None else head.probabilities(texts[i][:cap] for i in kept)  # type: ignore[index]
-        for chunk, output in self.forward([self.encode(s) for s in segments], method, head_probs):
+        for chunk, output in self.forward([self.encode(s) for s in segments], method or "attention", head_probs):
             if logits is not None:
                 logits[[kept[k] for k in chunk]] = output.logits.numpy()
             probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
-            sentence_weights = output.sentence_weights.numpy() if explain else None
-            word_weights = output.word_weights.numpy() if explain else None
+            sentence_weights = output.sentence_weights.numpy() if method else None
+            word_weights = output.word_weights.numpy() if method else None
             for row, k in enumerate(chunk):
                 result = self.decide(probs[row].tolist(), segments[k].truncated)
-                if explain is not None:
+                if method is not None:
                     result.method = method
-                    self.explain(result, segments[k], sentence_weights[row], word_weights[row], explain)  # type: ignore[index]
+                    self.explain(result, segments[k], sentence_weights[row], word_weights[row], top)  # type: ignore[index]
                     if head is not None:
                         result.top_ngrams = head.evidence(texts[kept[k]][:cap], self.labels.index(result.label))  # type: ignore[index]
                 out[kept[k]] = result
@@ -250,16 +246,16 @@ class Pipeline:
         segment: Segment,
         sentence_weights: np.ndarray,
         word_weights: np.ndarray,
-        mode: Literal["full"] | TopK,
+        top: TopK | None = None,
     ) -> None:
-        """Attach the explanation: every sentence and word (``"full"``), or the top k of each by
-        magnitude (TopK; an attention word's weight is then its sentence's weight times its weight
-        within the sentence, so that words compare across sentences)."""
+        """Attach the explanation: every sentence and word, or (``top``) the top k of each by magnitude
+        (an attention word's weight is then its sentence's weight times its weight within the sentence,
+        so that words compare across sentences)."""
         n = len(segment.lengths)
         text = segment.text
         real = np.arange(word_weights.shape[1]) < segment.lengths[:, None]  # [n, width]: the words, in order
         starts, ends = segment.starts.tolist(), segment.ends.tolist()
-        if mode == "full":
+        if top is None:
             sw = np.round(sentence_weights[:n].astype(np.float64), DECIMALS).tolist()
             ww = np.round(word_weights[:n].astype(np.float64), DECIMALS)[real].tolist()
             words = list(map(WordWeight, map(text.__getitem__, map(slice, starts, ends)), starts, ends, ww))
@@ -270,9 +266,8 @@ class Pipeline:
                 )
             ]
             return
-        assert isinstance(mode, TopK)
         sw = sentence_weights[:n].astype(np.float64)
-        top_s = heapq.nlargest(mode.sentences, range(n), key=lambda s: abs(sw[s]))
+        top_s = heapq.nlargest(top.sentences, range(n), key=lambda s: abs(sw[s]))
         result.top_sentences = [
             SentenceWeight(text[a:b], a, b, round(float(sw[s]), DECIMALS))
             for s in top_s
@@ -283,7 +278,7 @@ class Pipeline:
             doc_weights = sw[:, None] * doc_weights
         doc_weights = doc_weights[real]  # one per word, in reading order
         # The heaviest by magnitude, ties in reading order (as sorted(..., reverse=True) would give).
-        top_w = np.argsort(-np.abs(doc_weights), kind="stable")[: mode.words].tolist()
+        top_w = np.argsort(-np.abs(doc_weights), kind="stable")[: top.words].tolist()
         result.top_words = [
             WordWeight(text[starts[w] : ends[w]], starts[w], ends[w], round(float(doc_weights[w]), DECIMALS))
             for w in top_w

@@ -1,7 +1,7 @@
 """What the pipeline returns: one set of result types for every caller.
 
 Plain dataclasses with slots (a full explanation makes one object per word; without a ``__dict__``
-each is made faster and smaller: docs/experiments.md). The service's response schema is derived
+each is made faster and smaller). The service's response schema is derived
 from them (pydantic reads the attribute docstrings below as field descriptions), and han-score's
 output columns are named after their fields (``scoring.formats``). Scores and weights are rounded
 to ``DECIMALS`` places.

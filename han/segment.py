@@ -32,19 +32,12 @@ _BREAK_TAG = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)
 # Control characters (not tab/newline/CR), zero-width marks and BOM, line/paragraph separators,
 # lone surrogates (which JSON can carry and which spaCy cannot take).
 _JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ud800-\udfff]")
-# Text chunks (between spaces) whose tokens spaCy's tokenizer keeps: 30,000 instead of its 10,000.
-# A cached chunk costs about 0.1 us; any other goes through the prefix, suffix and infix rules, about
-# 2.5 us. The cache never evicts, a stream of IMDB reviews fills 10,000 entries within 200 reviews,
-# and spaCy caches nothing in a document after its first special case (a contraction such as "it's").
-# Segmenting 25,000 IMDB reviews took 0.62 ms a review with 10,000 entries, 0.49 with 30,000 and
-# 0.40 with 100,000; but 100,000 took han-score's peak memory over 1 GB (each of its processes holds
-# a cache), while 30,000 added 5 MB. The tokens, and so every output, are the same at any size.
+# Text chunks (between spaces) whose tokens spaCy's tokenizer caches, which never evicts: 30,000 instead
+# of its 10,000 is faster on a stream of reviews, and larger costs every process's memory for little more.
+# The tokens, and so every output, are the same at any size.
 TOKENIZER_CACHE = 30_000
-# spaCy's vocabulary keeps every new string for good: one segmenter grew by 70 MB over 24,500
-# distinct IMDB reviews. Once it holds this many strings more than when built (the cache above is
-# full long before), documents are read in a memory zone: the strings first met there are dropped
-# after, while the cached chunks and the strings already kept still serve them. Over 40,000 distinct
-# reviews in batches of 8: 41,389 strings at the end against 132,277, and no slower.
+# spaCy's vocabulary keeps every new string for good. Once it holds this many more than when built,
+# documents are read in a memory zone, whose new strings are dropped after (the cache still serves them).
 VOCABULARY_GROWTH = 40_000
 
 

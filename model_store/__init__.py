@@ -31,9 +31,14 @@ class ModelNotFoundError(LookupError):
     """No model directory or BentoML model matches what the user named."""
 
 
+def model_tag_from_env() -> str | None:
+    """``$HAN_MODEL_TAG``, the model to serve and score, if set (the one variable model_store reads)."""
+    return os.environ.get(MODEL_TAG_ENV, "").strip() or None
+
+
 def default_model_tag() -> str:
     """The tag served and scored by default: ``$HAN_MODEL_TAG`` or the IMDB model."""
-    return os.environ.get(MODEL_TAG_ENV) or DEFAULT_MODEL_TAG
+    return model_tag_from_env() or DEFAULT_MODEL_TAG
 
 
 def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = None) -> str:
@@ -94,7 +99,7 @@ def load_checked(ref: str | Path) -> Pipeline:
     from han.pipeline import Pipeline
 
     pipeline = Pipeline(load(ref))
-    pipeline(["A short check."], explain="full")
+    pipeline(["A short check."], explain=True)
     return pipeline
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from han.methods import METHODS as EXPLAIN_METHODS
+from han.methods import DEFAULT_METHOD, METHODS
 
 
 def _positive(value: str) -> int:
@@ -33,6 +33,14 @@ def default_workers() -> int:
     return max(1, min(cores, 16))
 
 
+def _method(value: str) -> str:
+    """An explanation method; a file name after a bare --explain gets the fix in the message."""
+    if value in METHODS:
+        return value
+    fix = "; put --explain after INPUT OUTPUT, or write --explain=METHOD" if "." in value or "/" in value else ""
+    raise argparse.ArgumentTypeError(f"{value!r} is not a method (choose from {', '.join(METHODS)}){fix}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="han-score",
@@ -49,16 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-column", help="column to copy into the output as 'id' (the row index is always written)")
     p.add_argument(
         "--explain",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="also write the top sentences and words with their weights (default: no)",
-    )
-    p.add_argument(
-        "--explain-method",
-        choices=EXPLAIN_METHODS,
-        default="attention",
-        help="how explanations weigh sentences and words (default: attention); the others are signed: "
-        "positive for the label, negative against it",
+        nargs="?",
+        const=DEFAULT_METHOD,
+        type=_method,
+        metavar="METHOD",
+        help=f"also write the top sentences and words with their weights, by METHOD ({', '.join(METHODS)}; "
+        f"default {DEFAULT_METHOD}; the others are signed: positive for the label, negative against it); "
+        "after INPUT OUTPUT, or as --explain=METHOD (default: no explanation)",
     )
     p.add_argument("--top-sentences", type=_positive, default=3, help="sentences per explanation (default: 3)")
     p.add_argument("--top-words", type=_positive, default=5, help="words per explanation (default: 5)")

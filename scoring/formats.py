@@ -195,6 +195,12 @@ def check_output_path(path: Path) -> None:
         )
 
 
+def errors_path(output: str, folder: bool = False) -> str:
+    """Where the rows that cannot be scored go: ``OUTPUT.errors.jsonl``, or beside a folder of part
+    files (--engine ray) the folder ``OUTPUT.errors``."""
+    return output.rstrip("/") + (".errors" if folder else ".errors.jsonl")
+
+
 def output_format(path: Path, spec: OutputSpec) -> OutputFormat:
     check_output_path(path)
     return FORMATS[path.suffix.lower()](spec)

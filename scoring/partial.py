@@ -26,15 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from scoring.formats import Chunk, OutputError, OutputFormat, concatenate, json_line
+from scoring.formats import Chunk, OutputError, OutputFormat, concatenate, errors_path, json_line
 
 MANIFEST_FORMAT = "han-score-manifest/1"
-
-
-
-
-def errors_path(output: Path) -> Path:
-    return output.with_name(output.name + ".errors.jsonl")
 
 
 def parts_dir(output: Path) -> Path:
@@ -46,7 +40,7 @@ class PartialOutput:
 
     def __init__(self, output: Path, fmt: OutputFormat) -> None:
         self.output = output
-        self.errors_path = errors_path(output)
+        self.errors_path = Path(errors_path(str(output)))
         self.dir = parts_dir(output)
         self.manifest_path = self.dir / "manifest.json"
         self.fmt = fmt

@@ -22,28 +22,17 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from scoring import BatchError
+from scoring.formats import errors_path
 from scoring.score import ScoringOptions
 
 READERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json"}
 
 
-class RayEngineError(Exception):
-    """The Ray job cannot run or failed (one line); ``code`` as in ``scoring.cli.BatchError``."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class RayScorer:
-    """One actor of the pool: loads the model once, then scores batches with ``score_batch``.
-
-    It writes a batch's scored rows to the output folder and its bad rows to the errors folder itself,
-    each as one file named after the batch's ids and texts, and returns only the two counts: the job is one
-    streaming pass with no write tasks (on 2 cores, the worker processes Ray starts for those cost
-    more than the writing), and a batch that Ray retries after its actor died rewrites the same
-    files, never a second set.
-    """
+    """One actor of the pool: loads the model once, then scores batches with ``score_batch`` and writes
+    them itself (no write tasks, whose worker processes cost more than the writing), each batch as files
+    named after its ids and texts, so that a batch Ray retries rewrites the same files; returns the counts."""
 
     def __init__(
         self, model_dir: str, spec: Any, options: ScoringOptions, text_column: str, id_column: str, errors: str,
@@ -112,7 +101,7 @@ def input_format(path: str, fmt: str | None) -> str:
     for suffix, name in READERS.items():
         if path.lower().endswith(suffix):
             return name
-    raise RayEngineError(f"{path}: cannot tell the input type from the name; pass --input-format parquet|csv|json")
+    raise BatchError(f"{path}: cannot tell the input type from the name; pass --input-format parquet|csv|json")
 
 
 def output_format(path: str) -> str:
@@ -122,7 +111,7 @@ def output_format(path: str) -> str:
     for suffix in OUTPUT_FORMATS:
         if path.lower().rstrip("/").endswith(suffix):
             return suffix.lstrip(".")
-    raise RayEngineError(f"{path}: unsupported output type (end the name with {', '.join(OUTPUT_FORMATS)})")
+    raise BatchError(f"{path}: unsupported output type (end the name with {', '.join(OUTPUT_FORMATS)})")
 
 
 def check_paths(args: argparse.Namespace) -> None:
@@ -130,8 +119,8 @@ def check_paths(args: argparse.Namespace) -> None:
     checked before anything slow starts."""
     input_format(args.input, getattr(args, "input_format", None))
     output_format(args.output)
-    if not args.overwrite and (_exists(args.output) or _exists(errors_path(args.output))):
-        raise RayEngineError(f"{args.output} already exists; pass --overwrite to replace it")
+    if not args.overwrite and (_exists(args.output) or _exists(errors_path(args.output, folder=True))):
+        raise BatchError(f"{args.output} already exists; pass --overwrite to replace it")
 
 
 def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
@@ -141,26 +130,17 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     import ray
 
     from han.environment import apply_defaults
+    from scoring.environment import apply_ray_defaults
 
     apply_defaults()
     if ray.is_initialized():
         return False
-    # The driver's own core worker logs errors to the terminal, among them one that Ray Data's actor
-    # pools trigger on every run (ray-project/ray#53727: constructor arguments in the object store).
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    # Ray starts a worker per CPU for its first driver before any task asks for one; on 2 cores these
-    # compete with the actors' start-up, and Ray Data starts its own workers anyway (docs/experiments.md).
-    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    apply_ray_defaults(local=not address)
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
     if address:
         kwargs["address"] = address
     else:
         kwargs.update(include_dashboard=False, num_cpus=num_cpus)
-        # Ray starts its workers at nice 15 so that its own processes stay responsive on a shared node.
-        # Here the workers are the job: at nice 15 the actors starved beside any other busy process
-        # (5,000 reviews in 346 s against 36 s at nice 0, with two training runs on the cores), and the
-        # local engine's workers run at the normal priority. Ray's job submission sets 0 as well.
-        os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(**kwargs)
     import ray.data
 
@@ -168,8 +148,7 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     warnings.filterwarnings("ignore", message="The minimum number of concurrent actors", category=UserWarning)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = not quiet
-    # The V1 Parquet reader reads a few files' footers in the read tasks; V2 starts footer-reader
-    # actors first, two more worker processes (docs/experiments.md: han-score on Ray).
+    # The V1 Parquet reader reads footers in the read tasks; V2 starts footer-reader actors first.
     ctx.use_datasource_v2 = False
     ctx.print_on_execution_start = False
     # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
@@ -182,9 +161,7 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
 
 
 def stop_ray() -> None:
-    """Disconnect, and stop local Ray's processes if this driver started them (Ray's public
-    ``ray.shutdown``; killing its autoscaler monitor first through Ray's private modules saved about a
-    second and was dropped for that reason: docs/experiments.md)."""
+    """Disconnect, and stop local Ray's processes if this driver started them (Ray's public API only)."""
     import ray
 
     if ray.is_initialized():
@@ -215,8 +192,8 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
 
     from scoring.formats import OutputSpec
 
-    # The model loads (torch and spaCy imported) once Ray is up, while Ray Data samples the input in
-    # a Ray worker: nothing before ray.init imports them (docs/experiments.md: Ray before torch).
+    # The model loads (torch and spaCy imported) once Ray is up, while Ray Data samples the input in a
+    # Ray worker: nothing before ray.init imports them, so Ray starts sooner.
     with ThreadPoolExecutor(1, thread_name_prefix="han-model") as pool:
         loading = pool.submit(model)
         try:
@@ -232,27 +209,26 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
             read_error = None
         model_dir, saved = loading.result()  # a bad model's one-line error first
     if read_error:
-        raise RayEngineError(read_error)
+        raise BatchError(read_error)
     names = list(schema.names) if schema is not None else []
     for column in dict.fromkeys([args.text_column, args.id_column]):
         if column not in names:
-            raise RayEngineError(f"{args.input}: no column {column!r} (columns: {', '.join(names) or 'none'})")
+            raise BatchError(f"{args.input}: no column {column!r} (columns: {', '.join(names) or 'none'})")
     import pyarrow as pa
 
     id_type = schema.types[names.index(args.id_column)]
     id_is_int = isinstance(id_type, pa.DataType) and pa.types.is_integer(id_type)
-    spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int, args.explain,
-                      saved.ngrams is not None)
-    options = ScoringOptions(args.explain, args.explain_method, args.top_sentences, args.top_words)
+    spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int,
+                      args.explain is not None, saved.ngrams is not None)
+    options = ScoringOptions(args.explain, args.top_sentences, args.top_words)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    # Ray Data's read already splits the input into blocks for the cluster's parallelism (about 1 MiB
-    # each on a small input: 31 of 807 rows for 25,000 reviews), which map_batches cuts into batches of
-    # --window rows in the actor. A repartition to --window rows was an operator of its own, its tasks
-    # copying every block once more between processes (docs/experiments.md).
+    errors = errors_path(args.output, folder=True)
+    # Ray Data's read already splits the input into blocks for the cluster's parallelism, which
+    # map_batches cuts into batches of --window rows: no repartition, which copied every block once more.
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
     scored = ds.map_batches(
         RayScorer,
-        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors_path(args.output),
+        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors,
                              args.output, output_format(args.output)),
         batch_size=args.window,
         batch_format="pyarrow",
@@ -263,7 +239,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
         # Ray Data restarts a dead actor and retries its batch (max_restarts, max_task_retries: -1).
         num_cpus=0.5,
     )
-    for path in (args.output, errors_path(args.output)):  # --overwrite: only now that the job can start
+    for path in (args.output, errors):  # --overwrite: only now that the job can start
         _remove(path)
     fs, folder = _filesystem(args.output)
     fs.create_dir(folder, recursive=True)  # the output folder exists even when no row could be scored
@@ -277,12 +253,12 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
             n_parts += sum(1 for n in scored_per_batch if n)  # a batch with scored rows writes one part file
             n_errors += sum(counts.column("errors").to_pylist())
     except Exception as e:
-        raise RayEngineError(f"the Ray job failed: {_one_line(e)}", code=1) from None
+        raise BatchError(f"the Ray job failed: {_one_line(e)}", code=1) from None
     # Part files are named after their batch's ids and texts, so two identical batches (the same
     # rows twice in the input) would share one file: a listing of the folder shows it.
     files = len(fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
     if files != n_parts:
-        raise RayEngineError(
+        raise BatchError(
             f"{args.output}: {n_parts - files:,} batches of rows repeat earlier ones (the same ids and texts) and "
             "share their part file; give each row a unique --id-column", code=1,
         )
@@ -291,7 +267,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
         "engine": "ray",
         "input": args.input,
         "output": args.output,
-        "errors_output": errors_path(args.output) if n_errors else None,
+        "errors_output": errors if n_errors else None,
         "rows": n_scored + n_errors,
         "rows_read": n_scored + n_errors,
         "scored": n_scored,
@@ -325,10 +301,6 @@ def _remove(path: str) -> None:
         fs.delete_dir(p)
     elif kind == pafs.FileType.File:
         fs.delete_file(p)
-
-
-def errors_path(output: str) -> str:
-    return output.rstrip("/") + ".errors"
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScoringOptions:
-    explain: bool = False
-    method: str = "attention"  # explanation method (han.methods.METHODS)
+    explain: bool | str | None = None  # as han.Pipeline's: None no explanation, True the default method, or one
     top_sentences: int = 3
     top_words: int = 5
 
@@ -33,10 +32,10 @@ def score_texts(pipeline: Pipeline, texts: list[Any], options: ScoringOptions) -
     """Score a window of raw input values; a bad value becomes an error row and never raises."""
     from han import DocumentError, TopK
 
-    explain = TopK(options.top_sentences, options.top_words) if options.explain else None
+    top = TopK(options.top_sentences, options.top_words)
     out = ScoredWindow()
     labels = pipeline.labels
-    for i, r in enumerate(pipeline(texts, explain=explain, errors="return", method=options.method)):
+    for i, r in enumerate(pipeline(texts, explain=options.explain, errors="return", top=top)):
         if isinstance(r, DocumentError):
             out.errors.append((i, r.reason))
             continue

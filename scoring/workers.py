@@ -68,13 +68,9 @@ class Workers:
     def __init__(self, n: int) -> None:
         import multiprocessing as mp
 
-        # multiprocessing's resource tracker (started with the pool, inheriting this environment) warns
-        # at exit about a queue semaphore that a worker killed while still importing had registered,
-        # then finds it already removed: noise on the user's terminal, not a leak.
-        quiet = "ignore:resource_tracker:UserWarning"
-        filters = os.environ.get("PYTHONWARNINGS", "")
-        if quiet not in filters.split(","):
-            os.environ["PYTHONWARNINGS"] = f"{filters},{quiet}" if filters else quiet
+        from scoring.environment import quiet_resource_tracker
+
+        quiet_resource_tracker()  # before the pool starts its resource tracker, which inherits the environment
         self.size = n
         self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
         self.pending: dict[Future[ScoredWindow], tuple[int, list[Any]]] = {}  # future -> (seq, texts)

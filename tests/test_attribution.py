@@ -51,7 +51,7 @@ def test_each_method_weighs_every_real_sentence_and_word_and_nothing_else(pipeli
 def test_a_sentences_occlusion_weight_is_the_measured_drop_when_it_is_removed(pipeline: Pipeline) -> None:
     text = TEXTS[0]
     _, sentences, _ = attribute(pipeline.model, batch_of(pipeline, [text]), "occlusion")
-    (full,) = pipeline([text], explain="full")
+    (full,) = pipeline([text], explain=True)
     label = full.label
     for s, sentence in enumerate(full.sentences):
         without = text[: sentence.start] + text[sentence.end :]
@@ -117,9 +117,9 @@ def test_each_method_works_while_the_embedding_table_is_frozen(tiny_model_dir: P
 
 
 def test_the_pipeline_names_the_method_and_refuses_an_unknown_one(pipeline: Pipeline) -> None:
-    (result,) = pipeline([TEXTS[0]], explain="full", method="attention_gradient")
+    (result,) = pipeline([TEXTS[0]], explain="attention_gradient")
     assert result.method == "attention_gradient"
     (plain,) = pipeline([TEXTS[0]])
     assert plain.method is None and plain.scores == result.scores
     with pytest.raises(ValueError, match="unknown explanation method 'shap'; choose one of attention, "):
-        pipeline([TEXTS[0]], explain="full", method="shap")
+        pipeline([TEXTS[0]], explain="shap")

@@ -175,7 +175,7 @@ def test_parity_with_the_pipeline_including_explanations(tmp_path: Path, tiny_mo
         score(source, output, tiny_model_dir, "--explain", "--workers", "2", "--window", "16") == 0
     )
     out = read_output(output)
-    predictions = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows], explain="full")
+    predictions = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows], explain=True)
     assert len(out) == len(rows) == len(predictions)
     for o, r, p in zip(out, rows, predictions, strict=True):
         assert o["label"] == p.label
@@ -205,7 +205,8 @@ def test_a_model_with_an_ngram_head_writes_its_ngrams_with_explain(tmp_path: Pat
     model = with_ngram_head(SavedModel.load(tiny_model_dir), 0.3).save(tmp_path / "model")
     rows = input_rows()
     source = write_input(tmp_path / "in.jsonl", rows)
-    expected = [p for p in Pipeline.from_directory(model)([r["text"] for r in rows], explain=TopK(), errors="return")
+    pipeline = Pipeline.from_directory(model)
+    expected = [p for p in pipeline([r["text"] for r in rows], explain=True, errors="return", top=TopK())
                 if hasattr(p, "scores")]  # the bad rows go to the errors file
     for suffix in (".jsonl", ".parquet", ".csv"):
         output = tmp_path / f"out{suffix}"
@@ -548,9 +549,9 @@ def test_the_scoring_function_is_the_pipeline_as_columns_bad_rows_included(tiny_
     texts = ["A wonderful film. Superb acting.", None, "   ", 42, "Awful. I hated it.", "<br /><br />"]
     pipeline = Pipeline.from_directory(tiny_model_dir)
     for method in ("attention", "occlusion"):
-        options = ScoringOptions(explain=True, method=method, top_sentences=2, top_words=3)
+        options = ScoringOptions(explain=method, top_sentences=2, top_words=3)
         scored = score_texts(pipeline, texts, options)
-        expected = pipeline(texts, explain=TopK(2, 3), errors="return", method=method)
+        expected = pipeline(texts, explain=method, errors="return", top=TopK(2, 3))
         assert scored.index == [0, 4]
         assert scored.errors == [(i, expected[i].reason) for i in (1, 2, 3, 5)]
         for k, i in enumerate(scored.index):

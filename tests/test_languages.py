@@ -102,7 +102,7 @@ def test_a_fit_learns_the_fixture_and_the_model_directory_keeps_its_language(
     texts = [r["text"] for r in rows(language)]
     before = Pipeline(saved)(texts)
     assert np.mean([r.label == row["label"] for r, row in zip(before, rows(language), strict=True)]) >= 0.9
-    again = Pipeline(SavedModel.load(saved.save(tmp_path / "copy")))(texts, explain="full")
+    again = Pipeline(SavedModel.load(saved.save(tmp_path / "copy")))(texts, explain=True)
     assert [r.scores for r in again] == [r.scores for r in before]
     for text, result in zip(texts, again, strict=True):  # every span marks its own characters
         for sentence in result.sentences:

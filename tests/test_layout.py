@@ -11,6 +11,8 @@ tests/, benchmarks/  never the serving entry points (service.run, service.servic
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,12 @@ def test_no_import_circles() -> None:
     for module in sorted(graph):
         visit(module, [])
     assert not circles, "\n".join(circles)
+
+
+def test_han_loads_its_public_names_on_first_use() -> None:
+    """``han.environment`` and ``han.methods`` import without torch and spaCy, and every name of ``han.__all__``
+    (read from han/__init__.py's one list) resolves."""
+    code = ("import sys, han.environment, han.methods; heavy = sorted({'torch', 'spacy'} & set(sys.modules)); "
+            "import han; print(heavy, bool(han.__all__) and all(getattr(han, n) for n in han.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True"], out

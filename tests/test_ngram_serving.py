@@ -36,7 +36,7 @@ def test_the_service_returns_the_average_and_the_heads_ngrams(head_server) -> No
     assert status == 200 and info["ngram_head"]["han_share"] == 0.4
     status, body = server.post_json("/classify", {"documents": [REVIEW, "Dull and boring."], "explain": True})
     assert status == 200
-    expected = pipeline([REVIEW, "Dull and boring."], explain="full")
+    expected = pipeline([REVIEW, "Dull and boring."], explain=True)
     for got, want in zip(body["results"], expected, strict=True):
         assert got["scores"] == pytest.approx(want.scores, abs=1e-6)
         assert [(n["text"], n["weight"]) for n in got["top_ngrams"]] == [(n.text, n.weight) for n in want.top_ngrams]

@@ -91,7 +91,7 @@ def test_the_head_survives_saving_with_the_model(tmp_path: Path, tiny_model_dir:
     # the one inference path averages: han_share of the HAN's calibrated probabilities, the rest the head's
     plain = Pipeline(SavedModel.load(tiny_model_dir))(texts)
     alone = np.array([[r.scores[label] for label in saved.labels] for r in plain])
-    results = Pipeline(loaded)(texts, explain=TopK(words=3))
+    results = Pipeline(loaded)(texts, explain=True, top=TopK(words=3))
     mixed = np.array([[r.scores[label] for label in saved.labels] for r in results])
     np.testing.assert_allclose(mixed, 0.25 * alone + 0.75 * expected, atol=2e-5)
     for text, result in zip(texts, results, strict=True):
@@ -102,7 +102,7 @@ def test_the_head_survives_saving_with_the_model(tmp_path: Path, tiny_model_dir:
         weights = [abs(n.weight) for n in result.top_ngrams]
         assert weights == sorted(weights, reverse=True) and weights[0] > 0
     assert Pipeline(loaded)(texts[:1])[0].top_ngrams is None  # no explanation asked: none
-    assert Pipeline(SavedModel.load(tiny_model_dir))(texts[:1], explain="full")[0].top_ngrams is None  # no head
+    assert Pipeline(SavedModel.load(tiny_model_dir))(texts[:1], explain=True)[0].top_ngrams is None  # no head
     (tmp_path / "model" / NgramHead.FILE).unlink()
     with pytest.raises(ModelDirectoryError, match="ngram_head.safetensors: missing"):
         SavedModel.load(tmp_path / "model")
@@ -187,8 +187,8 @@ def test_a_signed_explanation_explains_the_averaged_label_and_the_head_reads_wha
     flipped = np.array([1 - saved.labels.index(r["label"]) for r in rows_])  # a head that says the opposite
     saved.ngrams = head_from_baseline(train_baseline(texts, flipped, multi_label=False), len(saved.labels), 0.05)
     mixed, alone = Pipeline(saved), Pipeline(SavedModel.load(tiny_model_dir))
-    with_head = mixed(texts, explain="full", method="attention_gradient")
-    without = alone(texts, explain="full", method="attention_gradient")
+    with_head = mixed(texts, explain="attention_gradient")
+    without = alone(texts, explain="attention_gradient")
     differ = [k for k in range(len(texts)) if with_head[k].label != without[k].label]
     assert len(differ) >= len(texts) // 2
     for k in differ:  # binary: the gradient of p(the other label) is the opposite of p(the HAN's label)'s

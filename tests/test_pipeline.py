@@ -27,7 +27,7 @@ def test_predicts_the_fixture_labels_with_scores_of_every_label(pipeline: Pipeli
 
 def test_explanations_point_back_into_the_input_and_weights_are_distributions(pipeline: Pipeline) -> None:
     text = "Great cast.<br /><br />The story is  wonderful!  I loved it."
-    (result,) = pipeline([text], explain="full")
+    (result,) = pipeline([text], explain=True)
     assert [s.text for s in result.sentences] == ["Great cast.", "The story is  wonderful!", "I loved it."]
     assert abs(sum(s.weight for s in result.sentences) - 1) < 1e-5
     for sentence in result.sentences:
@@ -64,7 +64,7 @@ def test_bad_documents_raise_an_error_naming_the_document(pipeline: Pipeline, te
 
 def test_odd_but_valid_documents_are_classified(pipeline: Pipeline) -> None:
     texts = ["?!?!", "wonderful", "😀🎬👍", "Фильм отличный. 素晴らしい。", "Superb film. " * 5000]
-    results = pipeline(texts, explain="full")
+    results = pipeline(texts, explain=True)
     assert len(results) == 5
     assert results[-1].truncated and not results[0].truncated
     assert len(results[-1].sentences) == pipeline.saved.segmenter.max_sentences
@@ -92,8 +92,8 @@ def test_with_errors_returned_a_bad_document_gets_an_error_in_its_place(pipeline
 
 def test_top_k_explanations_are_the_heaviest_spans_of_the_full_one(pipeline: Pipeline) -> None:
     text = "Great cast. The story is wonderful! I loved it. Dull ending though."
-    (full,) = pipeline([text], explain="full")
-    (top,) = pipeline([text], explain=TopK(sentences=2, words=3))
+    (full,) = pipeline([text], explain=True)
+    (top,) = pipeline([text], explain=True, top=TopK(sentences=2, words=3))
     assert top.sentences is None and full.top_words is None
     assert top.scores == full.scores
     by_weight = sorted(full.sentences, key=lambda s: -s.weight)
@@ -128,7 +128,7 @@ def test_released_caches_are_emptied_and_rebuilt_with_the_same_results(tiny_mode
     pipeline = Pipeline(SavedModel.load(tiny_model_dir))
     at_start = len(pipeline.segmenter.nlp.vocab.strings)
     texts = ["A quiet zyxwvut film. Gripping and oddly moving qwertzuiop.", "Dull, long; I left early."]
-    before = [asdict(r) for r in pipeline(texts, explain="full")]
+    before = [asdict(r) for r in pipeline(texts, explain=True)]
     assert pipeline._ids and len(pipeline.segmenter.nlp.vocab.strings) > at_start
     old_segmenter = pipeline.segmenter
 
@@ -136,4 +136,4 @@ def test_released_caches_are_emptied_and_rebuilt_with_the_same_results(tiny_mode
     assert not pipeline._ids
     assert pipeline.segmenter is not old_segmenter
     assert len(pipeline.segmenter.nlp.vocab.strings) == at_start
-    assert [asdict(r) for r in pipeline(texts, explain="full")] == before
+    assert [asdict(r) for r in pipeline(texts, explain=True)] == before

@@ -17,7 +17,7 @@ TEXTS = ["A wonderful film, superb acting.", "Boring. The plot made no sense at 
 def test_save_then_load_gives_identical_outputs(tiny_model_dir: Path, tmp_path: Path) -> None:
     loaded = SavedModel.load(tiny_model_dir)
     again = SavedModel.load(loaded.save(tmp_path / "copy"))
-    a, b = Pipeline(loaded)(TEXTS, explain="full"), Pipeline(again)(TEXTS, explain="full")
+    a, b = Pipeline(loaded)(TEXTS, explain=True), Pipeline(again)(TEXTS, explain=True)
     assert [p.scores for p in a] == [p.scores for p in b]
     assert [s.weight for s in a[1].sentences] == [s.weight for s in b[1].sentences]
     assert sorted(p.name for p in tiny_model_dir.iterdir()) == [
@@ -79,7 +79,7 @@ def test_a_model_directory_written_before_the_pipeline_still_loads_and_scores_th
     """data/fixtures/model_v1 was written by the code before the inference pipeline (commit b2eca57),
     with the labels, scores and attention it gave then: users' stored models survive the upgrade."""
     expected = json.loads((MODEL_V1 / "expected.json").read_text())
-    results = Pipeline.from_directory(MODEL_V1 / "model")([e["text"] for e in expected], explain="full")
+    results = Pipeline.from_directory(MODEL_V1 / "model")([e["text"] for e in expected], explain=True)
     for result, then in zip(results, expected, strict=True):
         assert (result.label, result.labels) == (then["label"], then["labels"])
         assert result.scores == pytest.approx(then["scores"], abs=1e-6)

@@ -63,7 +63,7 @@ def test_classify_returns_labels_scores_and_explanations_in_input_order(server, 
     documents = [REVIEWS[0], REVIEWS[-1], "Terrible.\n\nI walked out after twenty minutes. Awful acting!", REVIEWS[4]]
     results = classify(server, documents)
     assert len(results) == len(documents)
-    for document, result, expected in zip(documents, results, predictor(documents, explain="full"), strict=True):
+    for document, result, expected in zip(documents, results, predictor(documents, explain=True), strict=True):
         assert_same_prediction(result, expected)
         assert set(result["scores"]) == {"neg", "pos"}
         assert sum(result["scores"].values()) == pytest.approx(1, abs=1e-4)
