@@ -10,7 +10,7 @@ import torch
 from han import Pipeline, SavedModel
 from tests.conftest import REPO
 from training.cli import main
-from training.module import HANClassifier
+from training.module import HANModule
 
 SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
 
@@ -35,8 +35,8 @@ def test_a_model_directory_with_the_removed_nb_features_setting_is_refused_in_on
 def test_label_smoothing_softens_the_training_loss_target() -> None:
     logits = torch.tensor([[8.0, -8.0]])
     target = torch.tensor([0])
-    plain = HANClassifier(vocab_size=10, num_labels=2).loss_fn(logits, target)
-    smoothed = HANClassifier(vocab_size=10, num_labels=2, label_smoothing=0.2).loss_fn(logits, target)
+    plain = HANModule(vocab_size=10, num_labels=2).loss_fn(logits, target)
+    smoothed = HANModule(vocab_size=10, num_labels=2, label_smoothing=0.2).loss_fn(logits, target)
     assert smoothed > plain + 1.0  # a confident right answer is penalised once targets are smoothed
     with pytest.raises(ValueError, match="label_smoothing"):
-        HANClassifier(vocab_size=10, num_labels=2, label_smoothing=1.0)
+        HANModule(vocab_size=10, num_labels=2, label_smoothing=1.0)

@@ -7,7 +7,7 @@ a command that starts with ``.venv/bin/``, ``make`` or ``curl`` (after any ``VAR
 - ``.venv/bin/NAME``: a script of the project (pyproject.toml) or of the environment;
 - ``han-train SUBCOMMAND``: a LightningCLI subcommand; ``--config`` files exist; ``--data.KEY``,
   ``--model.KEY``, ``--export.KEY``, ``--self_training.KEY``, ``--checkpoint.KEY`` and
-  ``--trainer.KEY`` name a parameter of HANDataModule, HANClassifier, ExportModel, SelfTraining,
+  ``--trainer.KEY`` name a parameter of HANDataModule, HANModule, ExportModel, SelfTraining,
   ModelCheckpoint and Trainer (``inspect.signature``);
 - ``han-score``: every option is one of scoring/arguments.py's parser;
 - ``python -m MODULE`` and ``python SCRIPT``: the module or script exists and names every option given;
@@ -117,12 +117,12 @@ def train_parameters() -> dict[str, set[str]]:
 
     from training.data import HANDataModule
     from training.export import ExportModel
-    from training.module import HANClassifier
+    from training.module import HANModule
     from training.self_training import SelfTraining
 
     classes = {
         "data": HANDataModule,
-        "model": HANClassifier,
+        "model": HANModule,
         "export": ExportModel,
         "self_training": SelfTraining,
         "checkpoint": ModelCheckpoint,

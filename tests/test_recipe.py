@@ -92,6 +92,35 @@ def test_checkpoint_monitor_and_mode_follow_the_schedule(tmp_path: Path) -> None
     assert apply(c, "test") == [] and c.model.dropout is None and c.data.batch_size == 8
 
 
+def test_print_config_shows_what_the_run_will_use_the_recipes_choices_marked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`han-train fit --data.train FILE --print_config`: the recipe's values in the printed config, each
+    marked, what the command line sets kept and unmarked; nothing is trained or written."""
+    import yaml
+
+    from training.cli import main
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--data.train", str(FIXTURE), "--model.dropout", "0.25", "--trainer.default_root_dir", str(run),
+              "--print_config"])
+    assert exit_info.value.code in (0, None)
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out)
+    assert out.startswith("# recipe (training/recipe.py) for 28 training documents, 2 labels (single-label)")
+    expected = choose(profile(str(FIXTURE), "text", "label", None, 0.1, False, None))
+    for name, value in expected.items():
+        section, key = name.split(".")
+        if name != "model.dropout":
+            assert printed[section][key] == value and f"  {key}: {value}  # recipe" in out, name
+    assert printed["model"]["dropout"] == 0.25 and "  dropout: 0.25\n" in out  # the command line's, unmarked
+    assert printed["model"]["embed_dim"] == 100 and printed["data"]["multi_label"] is False
+    assert printed["checkpoint"]["monitor"] == "val/loss" and "  monitor: val/loss  # recipe" in out
+    assert printed["checkpoint"]["dirpath"] == str(run / "checkpoints") and printed["export"]["name"] == "han-reviews"
+    assert f"  default_root_dir: {run}\n" in out  # the command line's
+    assert not run.exists()
+
+
 @pytest.mark.slow
 def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path) -> None:
     """`han-train fit --data.train FILE`: the recipe's choices in the log and in the saved

@@ -1,6 +1,7 @@
 """``han-train``: training and retraining with PyTorch Lightning.
 
     cli.py      the LightningCLI (configs, links the data's sizes into the model)
+    recipe.py   the one place that fills unset settings: from the data's profile, and the run's paths
     data.py     the DataModule: read, tokenise (cached), vocabulary, length-bucketed batches
     sources.py  reading Parquet, CSV, JSON Lines, a folder per class, or a hub name
     module.py   the LightningModule: the optimisation of a han.HAN and its metrics

@@ -40,7 +40,7 @@ class Baseline:
 
     def predict(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Class indices, or a boolean document x label matrix for multi-label data; ``progress`` is
-        told of every ``CHUNK`` documents (25,000 IMDB reviews take about 10 s)."""
+        told of every ``CHUNK`` documents (a large split takes seconds)."""
         parts = []
         for start in range(0, len(texts), CHUNK):
             features = self.vectorizer.transform(texts[start : start + CHUNK])

@@ -32,7 +32,7 @@ class EncodedDocuments(Dataset):
 class LabelledTexts:
     """A split read for evaluation alone: its texts and targets, not tokenised. ``fit`` runs the test
     split only through the inference pipeline, which segments it itself, so tokenising it beforehand
-    (13 s of ``make run`` on 2 cores) was done twice; ``test_dataloader`` tokenises it when asked."""
+    would do it twice; ``test_dataloader`` tokenises it when asked."""
 
     def __init__(self, targets: torch.Tensor) -> None:
         self.targets = targets

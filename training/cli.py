@@ -1,4 +1,4 @@
-"""``han-train``: LightningCLI over HANClassifier and HANDataModule (fit, validate, test, predict).
+"""``han-train``: LightningCLI over HANModule and HANDataModule (fit, validate, test, predict).
 
     han-train fit --config data/configs/imdb.yaml
     han-train fit --data.train my_reviews.csv --data.test my_test.csv        # the recipe: training.recipe
@@ -23,23 +23,20 @@ from han.saved_model import ModelDirectoryError
 from training import recipe
 from training.data import HANDataModule
 from training.export import CheckpointError, ExportModel
-from training.module import HANClassifier
+from training.module import HANModule
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 
-PLAIN_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning names each with _find_unused_parameters_true
-
 
 class HANCLI(LightningCLI):
-    """Adds the checkpoint and export settings, links the sizes that come from the data, and fills
-    in run-specific defaults."""
+    """Adds the checkpoint and export settings, links the sizes that come from the data, and lets
+    training.recipe fill what the config leaves unset before ``--print_config`` or a run reads it."""
 
     def add_arguments_to_parser(self, parser) -> None:  # type: ignore[no-untyped-def]
         for size in ("vocab_size", "num_labels", "multi_label"):
             parser.link_arguments(f"data.{size}", f"model.{size}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({
-            "checkpoint.monitor": None,  # by the schedule: training.recipe
             "checkpoint.save_last": True,
             "checkpoint.filename": "epoch{epoch}-score{val/score:.4f}",
             "checkpoint.auto_insert_metric_name": False,
@@ -57,49 +54,33 @@ class HANCLI(LightningCLI):
             ],
         })
 
+    def parse_arguments(self, parser, args: list[str] | None) -> None:  # type: ignore[no-untyped-def,override]
+        # --print_config is held back until the recipe has filled the config (before_instantiate_classes).
+        args = sys.argv[1:] if args is None else list(args)
+        printing = [a.partition("=")[2] for a in args if a.partition("=")[0] == "--print_config"]
+        self.print_flags = printing[-1].split(",") if printing else None
+        self.config = parser.parse_args([a for a in args if a.partition("=")[0] != "--print_config"])
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        configs = config.get("config") or []
-        run_name = Path(str(configs[-1])).stem if configs else _data_name(str(config.data.train))
-        for line in recipe.apply(config, self.subcommand):
+        before = dict(config.clone().items())
+        lines = recipe.apply(config, self.subcommand)
+        for line in lines if self.print_flags is None else []:  # else in the printed config's header
             print(line, file=sys.stderr)
-        if config.trainer.strategy in PLAIN_DDP and config.model.freeze_embeddings != 0:  # None: the default, 1
-            # The fixed word vectors take no gradient, which plain DDP refuses as an unused parameter;
-            # once released they must still be averaged across ranks, so they stay in DDP's reducer.
-            config.trainer.strategy += "_find_unused_parameters_true"
-        root = Path(config.trainer.default_root_dir or Path("runs") / run_name)
-        if self.subcommand == "fit" and teaching(config):
-            if config.data.multi_label:
-                raise DataError("self-training (self_training.fraction above 0) is for single-label data")
-            # The first of two fits: its model only labels the unlabelled text (see main).
-            root = root / "teacher"
-            config.checkpoint.dirpath = None
-            config.export.register, config.export.faithfulness, config.export.baseline = False, 0, False
-        config.trainer.default_root_dir = str(root)
-        if config.checkpoint.dirpath is None:
-            config.checkpoint.dirpath = str(root / "checkpoints")
-        if config.export.name is None:
-            config.export.name = f"han-{run_name}"
-        if config.trainer.enable_progress_bar is False:
-            config.trainer.callbacks = [
-                c for c in config.trainer.callbacks or [] if not str(c.get("class_path", "")).endswith("ProgressBar")
-            ]
-        if config.trainer.logger in (None, True):
-            config.trainer.logger = [
-                {"class_path": "pytorch_lightning.loggers.CSVLogger",
-                 "init_args": {"save_dir": str(root), "name": "csv"}},
-                {"class_path": "pytorch_lightning.loggers.TensorBoardLogger",
-                 "init_args": {"save_dir": str(root), "name": "tensorboard"}},
-            ]
-
-
-def _data_name(source: str) -> str:
-    """A run without a config is named after its training data (runs/my_reviews, han-my_reviews): the
-    file's stem, or its folder's name where the stem says nothing (train.parquet), in the characters a
-    BentoML tag allows."""
-    path = Path(source.split(":")[0])
-    name = path.parent.name if path.stem.lower() in {"train", "training", "data", "dataset"} else path.stem
-    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "han"
+        recipe.layout(config, self.subcommand)
+        if self.print_flags is None:
+            return
+        # What the run will use, each setting (section.key) the recipe filled marked.
+        filled = {key for key, value in config.items() if before.get(key) != value}
+        flags = {("with_comments" if f == "comments" else f): True for f in self.print_flags if f}
+        for line in [*lines, "'# recipe': filled by training/recipe.py"]:
+            print(f"# {line}")
+        section = ""
+        for line in self._parser(self.subcommand).dump(config, skip_unset=False, **flags).splitlines():
+            section = line.split(":")[0] if line[:1].isalnum() else section
+            key = re.match(r"  (\w+):", line)
+            print(f"{line}  # recipe" if key and f"{section}.{key[1]}" in filled else line)
+        sys.exit(0)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -123,7 +104,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(args: list[str] | None) -> HANCLI:
-    return HANCLI(HANClassifier, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
+    return HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
                   auto_configure_optimizers=False)
 
 

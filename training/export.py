@@ -282,11 +282,8 @@ class ExportModel(pl.Callback):
 
         With several torch threads the check runs in a thread beside the reports, on its own copy of
         the model (its hooks must not reach the reports' forward passes), each with half the threads:
-        evaluating is mostly segmenting, which a second torch thread hardly speeds up (1.08x on 2
-        cores), so the second core was nearly idle. On 2 cores, 8,000 IMDB reviews evaluated and 32
-        checked took 0.85x and 0.73x the time beside each other (benchmarks/after_fit.py). Under a
-        time budget the check starts before the reports and runs slower beside them, so it measures
-        fewer documents than it would after them.
+        evaluating is mostly segmenting, which a second torch thread hardly speeds up. Under a time
+        budget the check then measures fewer documents than it would after the reports.
         """
         found: dict[str, Any] = {}
         stop = threading.Event()  # set when the reports fail or are interrupted (Ctrl+C): the check ends too

@@ -24,11 +24,10 @@ from han.results import DocumentError, DocumentResult
 from training.callbacks import EMA
 from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
-from training.word_vectors import WORD2VEC, resolve_embed_dim, word_vectors
+from training.word_vectors import word_vectors
 
 # What the plateau schedule watches: on a validation split of a few hundred documents the loss moves
-# smoothly where accuracy moves by whole documents (2,000 IMDB reviews: the best accuracy of 200
-# validation reviews came in a frozen-vectors epoch, 0.836 on test; the lowest loss four epochs later).
+# smoothly where accuracy moves by whole documents.
 PLATEAU_MONITOR = "val/loss"
 LR_HALVINGS = 4  # the plateau schedule stops at 1/16 of the peak rate
 # A lower validation loss counts only when it is this share below the best: an average of the weights
@@ -51,20 +50,21 @@ class ReleasedEarlyStopping(EarlyStopping):
             super()._run_early_stopping_check(trainer)
 
 
-class HANClassifier(pl.LightningModule):
+class HANModule(pl.LightningModule):
     """A HAN trained with AdamW, a learning-rate schedule and gradient clipping.
 
     ``vocab_size``, ``num_labels`` and ``multi_label`` come from the data: ``han-train`` links
     them from the DataModule (``link_arguments``), so a config never sets them. Settings whose
-    default is None (unset) are chosen from the data by ``training.recipe`` when ``han-train``
-    fits; a module built directly takes the network's defaults for them.
+    default is None (unset) are filled from the data by ``training.recipe``, the one place that
+    chooses them, before ``han-train`` builds the module. Built otherwise, unset sizes are HANConfig's,
+    smoothing, warm-up and the weight average are off, and a fit needs the other unset ones given.
 
     Args:
         vocab_size: the vocabulary's size (from the data).
         num_labels: the number of labels (from the data).
         multi_label: each document has any number of labels (from the data).
         embed_dim: word embedding size; unset (null), the dimension of the ``embeddings`` vectors
-            (read from the file's header or first line), else HANConfig's 100. Set, it must match them.
+            (read from the file's header or first line), else HANConfig's. Set, it must match them.
         word_hidden: GRU hidden size per direction over words.
         sentence_hidden: GRU hidden size per direction over sentences.
         attention_dim: size of the attention MLPs and context vectors.
@@ -108,7 +108,7 @@ class HANClassifier(pl.LightningModule):
         vocab_size: int,
         num_labels: int,
         multi_label: bool = False,
-        embed_dim: int | None = None,  # the vectors' dimension, else HANConfig's (its defaults live there alone)
+        embed_dim: int | None = None,
         word_hidden: int | None = None,
         sentence_hidden: int | None = None,
         attention_dim: int = HANConfig.attention_dim,
@@ -130,17 +130,6 @@ class HANClassifier(pl.LightningModule):
         sentence_values: Literal["contextual", "own"] = "contextual",
     ) -> None:
         super().__init__()
-        # Unset (None): training.recipe fills these from the data for han-train; built directly, the
-        # network's and the recipe-less defaults apply.
-        word_hidden = HANConfig.word_hidden if word_hidden is None else word_hidden
-        sentence_hidden = HANConfig.sentence_hidden if sentence_hidden is None else sentence_hidden
-        dropout = HANConfig.dropout if dropout is None else dropout
-        word_dropout = HANConfig.word_dropout if word_dropout is None else word_dropout
-        label_smoothing = label_smoothing or 0.0
-        word2vec_epochs = WORD2VEC["epochs"] if word2vec_epochs is None else word2vec_epochs
-        freeze_embeddings = 1 if freeze_embeddings is None else freeze_embeddings
-        warmup_steps = 100 if warmup_steps is None else warmup_steps
-        patience = 3 if patience is None else patience
         self._stored = None
         self._initialised = False
         if init_from:
@@ -148,29 +137,22 @@ class HANClassifier(pl.LightningModule):
             stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
             sentence_values = self._stored.model.config.sentence_values
-        if embed_dim is None:  # han-train's recipe has already written the vectors' dimension here
-            embed_dim = resolve_embed_dim(embed_dim, None if init_from else embeddings)
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
-        if word2vec_epochs < 1:
-            raise ValueError(f"model.word2vec_epochs must be at least 1, not {word2vec_epochs}")
-        if freeze_embeddings < 0:
-            raise ValueError(f"model.freeze_embeddings must be 0 or more, not {freeze_embeddings}")
-        if not 0 <= dropout < 1 or not 0 <= word_dropout < 1:
-            raise ValueError("model.dropout and model.word_dropout must be in [0, 1)")
-        if ema is not None and not 0 <= ema < 1:
-            raise ValueError(f"model.ema must be in [0, 1), not {ema}")
-        if patience < 1 or warmup_steps < 0:
-            raise ValueError("model.patience must be at least 1 and model.warmup_steps 0 or more")
-        if not 0 <= label_smoothing < 1:
-            raise ValueError(f"model.label_smoothing must be in [0, 1), not {label_smoothing}")
+        for name, value, least in (("word2vec_epochs", word2vec_epochs, 1), ("freeze_embeddings", freeze_embeddings, 0),
+                                   ("patience", patience, 1), ("warmup_steps", warmup_steps, 0)):
+            if value is not None and value < least:
+                raise ValueError(f"model.{name} must be at least {least}, not {value}")
+        for name, value in (("dropout", dropout), ("word_dropout", word_dropout), ("ema", ema),
+                            ("label_smoothing", label_smoothing)):
+            if value is not None and not 0 <= value < 1:
+                raise ValueError(f"model.{name} must be in [0, 1), not {value}")
         self.save_hyperparameters()
-        self.net = HAN(HANConfig(
-            vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label, embed_dim=embed_dim,
-            word_hidden=word_hidden, sentence_hidden=sentence_hidden, attention_dim=attention_dim,
-            dropout=dropout, word_dropout=word_dropout,
-            sentence_values=sentence_values,
-        ))
+        sizes = {"embed_dim": embed_dim, "word_hidden": word_hidden, "sentence_hidden": sentence_hidden,
+                 "dropout": dropout, "word_dropout": word_dropout}
+        self.net = HAN(HANConfig(vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label,
+                                 attention_dim=attention_dim, sentence_values=sentence_values,
+                                 **{k: v for k, v in sizes.items() if v is not None}))
         n = num_labels
         if multi_label:
             self.loss_fn: nn.Module = nn.BCEWithLogitsLoss()
@@ -181,7 +163,7 @@ class HANClassifier(pl.LightningModule):
                 "acc": MultilabelAccuracy(n, average="micro"),
             }
         else:
-            self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+            self.loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing or 0.0)
             metrics = {
                 "score": MulticlassAccuracy(n, average="micro"),
                 "acc": MulticlassAccuracy(n, average="micro"),
@@ -225,8 +207,7 @@ class HANClassifier(pl.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         # The plateau schedule also stops once it has halved the rate LR_HALVINGS times: the validation
-        # loss may still creep down while the score has long stopped moving (20 Newsgroups: accuracy
-        # 0.921-0.931 from epoch 6 to 13, the loss 0.834 to 0.814).
+        # loss may still creep down long after the score has stopped moving.
         rate = self.trainer.optimizers[0].param_groups[0]["lr"]
         if self.hparams.scheduler == "plateau" and rate <= self.hparams.lr / 2**LR_HALVINGS * 1.001:
             rank_zero_info(f"stopping: the learning rate has been halved {LR_HALVINGS} times")

@@ -1,21 +1,22 @@
-"""The training recipe: settings a config leaves unset, chosen from the data's size and lengths.
+"""The training recipe: the one place that fills the settings a config leaves unset.
 
-A config tuned on one corpus carries that corpus's training length into another (``imdb.yaml``'s 3
-epochs are about 1,050 steps on IMDB and 270 on 6,400 reviews). So every setting below defaults to
-``None`` and is filled here, by rules that read a profile of the training data: how many documents,
-how many labels, how long they are. What a config or the command line sets is never changed. Every
-rule lives in ``choose``; ``han-train fit`` prints the choices and the profile they came from.
+A config tuned on one corpus carries that corpus's training length into another, so the settings in
+``choose`` default to ``None`` and are filled by rules that read a profile of the training data: how
+many documents, how many labels, how long they are. ``layout`` fills where the run writes. What a
+config or the command line sets is never changed. ``han-train`` applies both before it builds
+anything; ``fit`` logs the choices, and ``--print_config`` shows them in the config, marked.
 
-Training length is not a rule: the recipe trains until the validation loss stops improving
-(``model.patience`` validations without a lower one, counted from the vectors' release; the best
-checkpoint is the one exported), halving the learning rate whenever it stalls, under a budget of
-``trainer.max_epochs`` epochs.
+Training length is not a rule: the recipe trains until the validation loss stops improving (``model.patience``
+validations without a lower one, counted from the vectors' release; the best checkpoint is exported),
+halving the learning rate whenever it stalls, under a budget of ``trainer.max_epochs`` epochs.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from han.segment import LanguageError, check_language
+from training.self_training import teaching
 from training.sources import DataError, load_source
 from training.word_vectors import resolve_embed_dim
 
 SHORT_TEXT_WORDS = 40  # median words a document under which the data counts as short texts
 FEW_LABELS = 3_000  # labelled training documents under which the data counts as few labels
+PLAIN_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning names each with _find_unused_parameters_true
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class DataProfile:
 
 def profile(train: str, text_column: str, label_column: str, multi_label: bool | None, val_fraction: float,
             has_validation: bool, max_train_docs: int | None) -> DataProfile:
-    """The profile of the training data: one pass over its text column (a few seconds for 25,000 reviews)."""
+    """The profile of the training data: one pass over its text column."""
     raw = load_source(train)
     for column in (text_column, label_column):
         if column not in raw.column_names:
@@ -81,8 +84,8 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
     # Small batches for small data (more updates), but at least about 20 of them an epoch.
     batch = batch_size or (64 if p.documents >= 12_000 else min(32, max(8, p.documents // 20)))
     steps = math.ceil(p.documents / batch)  # optimiser steps per epoch
-    # Fixed word vectors for the first ~300 steps while the encoders learn to read them (imdb.yaml:
-    # 1 epoch of 352 steps; 2,000 reviews: 5 epochs of 57 steps scored 0.865, 1 epoch 0.845).
+    # Fixed word vectors for the first ~300 steps while the encoders learn to read them (few documents:
+    # several short epochs).
     freeze = min(8, math.ceil(300 / steps))
     choices: dict[str, Any] = {
         "data.batch_size": batch,
@@ -116,8 +119,7 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
 
 
 def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, language: str = "en") -> list[str]:
-    """Lines the log prints for data where the recipe alone is known to fall short (the suite in
-    BENCHMARKS.md: benchmarks/accuracy.py --suite)."""
+    """Lines the log prints for data where the recipe alone is known to fall short."""
     lines = []
     pretrained = embeddings not in (None, "word2vec")
     if p.short_texts and not pretrained:
@@ -141,7 +143,8 @@ def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, langua
 def apply(config: Any, subcommand: str = "fit") -> list[str]:
     """Fills the unset settings of a parsed ``han-train`` config (a jsonargparse namespace) and returns
     the log lines that say what was chosen and why. Outside ``fit`` only what reading the data and a
-    checkpoint needs is filled (multi-label, the batch size, the checkpoint's monitor), silently."""
+    checkpoint needs is filled (multi-label, the batch size, the embedding size, the checkpoint's
+    monitor), silently."""
     data, model, trainer = config.data, config.model, config.trainer
     language = getattr(data, "language", "en")
     try:  # an unknown language code, or its tokenizer's package missing, stops the run before any work
@@ -152,22 +155,21 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
                 bool(data.validation), data.max_train_docs)
     if data.multi_label is None:
         data.multi_label = p.multi_label
-    checkpoint = getattr(config, "checkpoint", None)
-    if checkpoint is not None:
-        # The best checkpoint (the one exported) by what the schedule watches: the validation loss with
-        # early stopping, the score otherwise; a monitor given without its mode gets the one it needs.
-        if checkpoint.monitor is None:
-            checkpoint.monitor = "val/loss" if model.scheduler == "plateau" else "val/score"
-        checkpoint.mode = "min" if checkpoint.monitor.endswith("loss") else "max"
+    # The best checkpoint (the one exported) by what the schedule watches: the validation loss with early
+    # stopping, the score otherwise; a monitor given without its mode gets the one it needs.
+    checkpoint = config.checkpoint
+    if checkpoint.monitor is None:
+        checkpoint.monitor = "val/loss" if model.scheduler == "plateau" else "val/score"
+    checkpoint.mode = "min" if checkpoint.monitor.endswith("loss") else "max"
+    filled = []
+    if model.embed_dim is None and not model.init_from:  # the vectors' dimension, written down for checkpoints
+        model.embed_dim = resolve_embed_dim(None, model.embeddings)
+        filled.append(f"model.embed_dim={model.embed_dim}")
+    elif subcommand == "fit" and model.embed_dim is not None and not model.init_from and model.embeddings:
+        resolve_embed_dim(model.embed_dim, model.embeddings)  # a mismatch stops here, before any training
     if subcommand != "fit":
         data.batch_size = data.batch_size or choose(p)["data.batch_size"]
         return []
-    filled = []
-    if model.embed_dim is None and not model.init_from:
-        model.embed_dim = resolve_embed_dim(None, model.embeddings)  # written down, so checkpoints carry it
-        filled.append(f"model.embed_dim={model.embed_dim}")
-    elif model.embed_dim is not None and not model.init_from and model.embeddings:
-        resolve_embed_dim(model.embed_dim, model.embeddings)  # a mismatch stops here, before any data is read
     callbacks = [str(c.get("class_path", "")) for c in trainer.callbacks or []]
     if model.ema is None and any(c.endswith("EMA") or c.endswith("EMAWeightAveraging") for c in callbacks):
         model.ema = 0.0  # the config brings its own average
@@ -196,6 +198,46 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
     lines += [f"  advice: {line}" for line in advice(p, model.embeddings, None if self_training else data.unlabeled,
                                                         language)]
     return lines
+
+
+def layout(config: Any, subcommand: str) -> None:
+    """Fills where the run writes and what it registers as, named after its last config file or its
+    data; a self-training run's first fit (the teacher) goes to ``<run>/teacher``, unregistered."""
+    trainer, checkpoint, export = config.trainer, config.checkpoint, config.export
+    if trainer.strategy in PLAIN_DDP and config.model.freeze_embeddings != 0:
+        # The fixed word vectors take no gradient, which plain DDP refuses as an unused parameter;
+        # once released they must still be averaged across ranks, so they stay in DDP's reducer.
+        trainer.strategy += "_find_unused_parameters_true"
+    configs = config.get("config") or []
+    run_name = Path(str(configs[-1])).stem if configs else _data_name(str(config.data.train))
+    root = Path(trainer.default_root_dir or Path("runs") / run_name)
+    if subcommand == "fit" and teaching(config):
+        if config.data.multi_label:
+            raise DataError("self-training (self_training.fraction above 0) is for single-label data")
+        root = root / "teacher"  # its model only labels the unlabelled text (training.cli.main)
+        checkpoint.dirpath = None
+        export.register, export.faithfulness, export.baseline = False, 0, False
+    trainer.default_root_dir = str(root)
+    if checkpoint.dirpath is None:
+        checkpoint.dirpath = str(root / "checkpoints")
+    if export.name is None:
+        export.name = f"han-{run_name}"
+    if trainer.enable_progress_bar is False:
+        trainer.callbacks = [c for c in trainer.callbacks or []
+                             if not str(c.get("class_path", "")).endswith("ProgressBar")]
+    if trainer.logger in (None, True):
+        trainer.logger = [{"class_path": f"pytorch_lightning.loggers.{kind}Logger",
+                           "init_args": {"save_dir": str(root), "name": kind.lower()}}
+                          for kind in ("CSV", "TensorBoard")]
+
+
+def _data_name(source: str) -> str:
+    """A run without a config is named after its training data (runs/my_reviews, han-my_reviews): the
+    file's stem, or its folder's name where the stem says nothing (train.parquet), in the characters a
+    BentoML tag allows."""
+    path = Path(source.split(":")[0])
+    name = path.parent.name if path.stem.lower() in {"train", "training", "data", "dataset"} else path.stem
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "han"
 
 
 def _words(source: str, text_column: str) -> int:

@@ -1,13 +1,9 @@
 """Torch threads that follow the cores other processes leave free, while training.
 
-Measured on 2 cores (``benchmarks/contention.py training``, 60 IMDB batches): two torch threads train
-1.4x faster than one on a quiet machine (19.6 s against 27.4 s), but beside a single busy process they
-took 80 s, 4.1x their quiet time: the two threads meet at every small GRU step and wait for each
-other whenever the scheduler gives one core away. One thread beside the same process took 28.8 s
-(1.05x). So the thread count follows the machine: every few seconds the CPU time other processes
-used (``/proc/stat`` less this process's own) says how many cores are free, and training takes that
-many threads, at least one. Linux only; elsewhere, and when ``OMP_NUM_THREADS`` is set, the count is
-left as it is.
+Torch's threads meet at every small GRU step, so one that loses its core to another process stalls the
+others. Every few seconds the CPU time other processes used (``/proc/stat`` less this process's own)
+says how many cores are free, and training takes that many threads, at least one. Linux only; elsewhere,
+and when ``OMP_NUM_THREADS`` is set (the one variable training/ reads itself), the count is left as it is.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from training.sources import DataError
 
 
 def processes(rows: int) -> int | None:
-    """All usable cores for a large split (IMDB train: about 30 s on one core), one
-    process for a small one, which forking would only slow down."""
+    """All usable cores for a large split (tens of seconds on one core), one process for a small
+    one, which forking would only slow down."""
     n = min(usable_cores(), rows // 2000)
     return n if n > 1 else None
 
