@@ -21,8 +21,9 @@ import torch
 from pydantic import BaseModel
 
 import han
+from han.methods import explain_method
 from model_store import default_model_tag
-from service.api import ClassifyRequest, ClassifyResponse, explain_method
+from service.api import ClassifyRequest, ClassifyResponse
 from service.guard import RequestGuard, error_response
 
 MODEL_TAG = default_model_tag()
@@ -47,9 +48,7 @@ class HANModelBatched:
         for method in {job.method for job in jobs}:
             index = [i for i, job in enumerate(jobs) if job.method == method]
             texts = [jobs[i].text for i in index]
-            out = self.pipeline(
-                texts, explain="full" if method else None, method=method or "attention", errors="return"
-            )
+            out = self.pipeline(texts, explain=method, errors="return")
             for i, result in zip(index, out, strict=True):
                 results[i] = result
         return results

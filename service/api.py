@@ -6,6 +6,7 @@ The result types are han's own (``han.DocumentResult`` and its parts): the respo
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
@@ -17,6 +18,8 @@ from han.methods import DEFAULT_METHOD, METHODS
 MAX_DOCUMENTS = 256  # per request
 MAX_BODY_BYTES = 10 * 1024 * 1024  # per request
 Method = Literal[METHODS]  # type: ignore[valid-type]  # the names of han.methods, in the schema at /docs
+# The body the request guard validated, and the result: BentoML's own parse of the body takes it.
+VALIDATED: ContextVar[tuple[bytes, ClassifyRequest] | None] = ContextVar("han_validated_request", default=None)
 
 
 class ClassifyRequest(BaseModel):
@@ -43,11 +46,13 @@ class ClassifyRequest(BaseModel):
         "for the label, negative against it, and a word's weight is its share of the whole document.",
     )
 
-
-
-def explain_method(explain: bool | str) -> str | None:
-    """The explanation method that ``explain`` asks for, or None."""
-    return None if explain is False else DEFAULT_METHOD if explain is True else str(explain)
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> ClassifyRequest:
+        """BentoML parses a /classify body with this: the body the guard has validated is not parsed again."""
+        validated = VALIDATED.get()
+        if validated is not None and validated[0] == json_data and not kwargs:
+            return validated[1]
+        return super().model_validate_json(json_data, **kwargs)
 
 
 class ClassifyResponse(BaseModel):

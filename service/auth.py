@@ -1,19 +1,11 @@
 """Who may call the service: API keys, checked before anything else reads the request.
 
-Keys come from ``$HAN_API_KEYS_FILE`` (one key per line; blank lines and ``#`` comments skipped) or
-``$HAN_API_KEYS`` (comma-separated), never from the command line, where ``ps`` shows them. Several
-at once, so that one can be rotated while the other still works; the file is read again when it
-changes (looked at once a second at most), so a key rotates without a restart. A request sends
-``Authorization: Bearer KEY``; a missing or wrong key gets a 401 with ``WWW-Authenticate``. Keys are
-compared in constant time (against each key's SHA-256, so no length leaks either) and never logged.
-
-Open without a key: ``/livez`` and ``/readyz`` (orchestrators), the web page and the API
-documentation (no data; the page asks for the key), and ``/metrics`` when
-``HAN_METRICS_OPEN=1`` (for a scraper). Everything else (``/classify``, ``/model``, ``/metrics``)
-needs it.
-
-Bound to loopback, keys are optional. Bound to any other address without keys the service refuses
-to start unless anonymous access is asked for (``--allow-anonymous``, ``HAN_ALLOW_ANONYMOUS=1``).
+Keys come from ``$HAN_API_KEYS_FILE`` (one a line, ``#`` comments; read again when it changes, so a
+key rotates without a restart) or ``$HAN_API_KEYS`` (comma-separated), never the command line, where
+``ps`` shows them. A request sends ``Authorization: Bearer KEY``; keys are compared in constant time
+(their SHA-256, so no length leaks) and never logged. Open without a key: the probes, the page and the
+API docs (no data), and ``/metrics`` with ``HAN_METRICS_OPEN=1``. Bound beyond loopback without keys,
+the service refuses to start unless anonymous access is asked for.
 """
 
 from __future__ import annotations
@@ -30,8 +22,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-KEYS_FILE_ENV, KEYS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS"
-ANONYMOUS_ENV, METRICS_OPEN_ENV = "HAN_ALLOW_ANONYMOUS", "HAN_METRICS_OPEN"
+from service.settings import Settings
+
+KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"  # in messages
 OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
 REALM = 'Bearer realm="han"'
 
@@ -43,10 +36,9 @@ class KeysError(ValueError):
     """The keys' file cannot be read, or it or the variable holds no key."""
 
 
-def load_keys(env: MutableMapping[str, str] | None = None) -> list[bytes]:
+def load_keys(settings: Settings) -> list[bytes]:
     """The configured keys (empty: none configured); the file wins over the variable."""
-    env = os.environ if env is None else env
-    if path := env.get(KEYS_FILE_ENV, "").strip():
+    if path := settings.keys_file:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
@@ -54,8 +46,8 @@ def load_keys(env: MutableMapping[str, str] | None = None) -> list[bytes]:
         keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if not keys:
             raise KeysError(f"{KEYS_FILE_ENV}={path}: the file holds no key (one key per line)")
-    elif raw := env.get(KEYS_ENV, "").strip():
-        keys = [key.strip() for key in raw.split(",") if key.strip()]
+    elif settings.keys:
+        keys = [key.strip() for key in settings.keys.split(",") if key.strip()]
     else:
         return []
     for key in keys:  # a header carries printable ASCII; short keys can be guessed
@@ -66,16 +58,16 @@ def load_keys(env: MutableMapping[str, str] | None = None) -> list[bytes]:
     return [key.encode("utf-8") for key in keys]
 
 
-def bound_host(argv: list[str], env: MutableMapping[str, str]) -> str:
-    """The address ``bentoml serve`` was asked to bind: its ``--host``, else ``$BENTOML_HOST``, else the
-    service's own default (loopback). Worker processes, started without ``--host``, read loopback: the
-    server process, which parses the command line, has checked already."""
+def bound_host(argv: list[str], settings: Settings) -> str:
+    """The address ``bentoml serve`` was asked to bind: its ``--host``, else ``$BENTOML_HOST``, else
+    loopback. BentoML 1.4 passes ``--host`` to the server without recording it anywhere public, so
+    the serving process's own arguments are read (once, before the workers start)."""
     for i, arg in enumerate(argv):
         if arg == "--host" and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith("--host="):
             return arg.removeprefix("--host=")
-    return env.get("BENTOML_HOST") or "127.0.0.1"
+    return settings.host
 
 
 def is_loopback(host: str) -> bool:
@@ -96,11 +88,11 @@ def exposure_problem(host: str, keys: list[bytes], allow_anonymous: bool) -> str
             "serve) to serve without keys")
 
 
-def startup_keys(host: str, allow_anonymous: bool) -> list[bytes]:
+def startup_keys(host: str, settings: Settings) -> list[bytes]:
     """The keys to serve ``host`` with; KeysError (one line) when they are unreadable, or when the service
     would be reachable from other machines without any and anonymous access was not asked for."""
-    keys = load_keys()
-    if problem := exposure_problem(host, keys, allow_anonymous):
+    keys = load_keys(settings)
+    if problem := exposure_problem(host, keys, settings.allow_anonymous):
         raise KeysError(problem)
     return keys
 
@@ -131,7 +123,7 @@ class KeysFile:
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:
-                    keys = load_keys({KEYS_FILE_ENV: self.path})
+                    keys = load_keys(Settings(keys_file=self.path))
                 except KeysError as e:
                     logging.getLogger("han.service").error("%s; the keys read before stay in use", e)
                 else:
@@ -143,12 +135,13 @@ class KeysFile:
 
 class ApiKeyGuard:
     """ASGI middleware: a request to a guarded path needs ``Authorization: Bearer <one of the keys>``.
-    With ``keys_file`` the keys follow that file (``KeysFile``)."""
+    Keys read from a file follow it (``KeysFile``)."""
 
-    def __init__(self, app: App, keys: list[bytes], open_metrics: bool = False, keys_file: str | None = None) -> None:
+    def __init__(self, app: App, settings: Settings) -> None:
         self.app = app
-        self.keys = KeysFile(keys_file if keys else None, keys)  # no keys at start: none ever (loopback)
-        self.open = OPEN_PATHS | ({"/metrics"} if open_metrics else set())
+        keys = load_keys(settings)
+        self.keys = KeysFile(settings.keys_file if keys else None, keys)  # no keys at start: none ever (loopback)
+        self.open = OPEN_PATHS | ({"/metrics"} if settings.metrics_open else set())
 
     @property
     def digests(self) -> list[bytes]:

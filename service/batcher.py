@@ -1,19 +1,10 @@
 """Batching across requests: each worker gathers the documents of concurrent requests into one model call.
 
-A request that finds the model idle runs at once; the requests that arrive while a batch runs go
-together in the next one. Batches grow with the load and an idle service adds no waiting time.
-
-Under load, a batch's callers send their next requests while the others, queued during the batch,
-run: clients settle into two groups that take turns, each batch half as large as it could be. After
-a batch, the next one therefore waits briefly for the callers it just answered (at most half the
-batch's run time and ``$HAN_BATCH_WAIT_MS``), and runs as soon as they are all back: fewer, larger
-batches, and less CPU a document (docs/experiments.md). A lone caller is back at once, so it never
-waits. Callers that do not send again on their answer (requests from many independent callers) would
-make every wait run to its bound, so the batcher keeps count of how many came back during its waits
-(the arrivals beyond what the rate during the batch would have brought anyway) and stops waiting
-while few do, trying again every ``PROBE_EVERY`` batches.
-(BentoML's own adaptive batching sits behind an HTTP hop to a dependent service and, here, cost
-more CPU per document and latency than the whole model call; see docs/experiments.md.)
+A request that finds the model idle runs at once; those that arrive while a batch runs go together in
+the next one, so batches grow with the load and an idle service adds no waiting. After a batch, the
+next waits briefly for the callers it just answered (who would otherwise split into two groups taking
+turns at half the batch size), unless few of them came back during recent waits (many independent
+callers). Why not BentoML's adaptive batching: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -22,27 +13,18 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
-
-from service.settings import whole_number
 
 T = TypeVar("T")
 R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
 IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
-BATCH_WAIT_ENV = "HAN_BATCH_WAIT_MS"
-BATCH_WAIT_MS = 10  # the longest a batch waits for the callers just answered (0: never waits)
+BATCH_WAIT = 0.010  # the longest a batch waits for the callers just answered, in seconds (0: never waits)
 WAIT_SHARE = 0.5  # ... and at most this share of the previous batch's run time
 PROBE_EVERY = 8  # while callers do not come back, one batch in this many still waits (to notice when they do)
-
-
-def batch_wait(environ: Mapping[str, str] = os.environ) -> float:
-    """``$HAN_BATCH_WAIT_MS`` (a whole number of milliseconds, 0 to never wait) in seconds, else the default."""
-    return whole_number(environ, BATCH_WAIT_ENV, BATCH_WAIT_MS, "milliseconds", "0: never wait") / 1000
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -58,10 +40,9 @@ class RequestBatcher(Generic[T, R]):
     idle is run at once; the ones that arrive during a batch are queued and run together next,
     up to ``max_items`` items (a larger request runs alone). After a batch, the next waits until the
     queue holds as many items as that batch and the queue did together, or for at most ``wait``
-    seconds and ``WAIT_SHARE`` of the batch's run time (while callers come back; see the module's
-    docstring). ``on_batch(requests, items)`` is
-    called for each batch (metrics); ``on_idle()`` once the queue has been empty for
-    ``idle_seconds`` (in the worker thread, never beside a batch; a request cancels the wait).
+    seconds and ``WAIT_SHARE`` of the batch's run time. ``on_batch(requests, items)`` is called for
+    each batch (metrics); ``on_idle()`` once the queue has been empty for ``idle_seconds`` (in the
+    worker thread, never beside a batch; a request cancels the wait).
     """
 
     def __init__(
@@ -72,7 +53,7 @@ class RequestBatcher(Generic[T, R]):
         on_batch: Callable[[int, int], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         idle_seconds: float = IDLE_SECONDS,
-        wait: float = BATCH_WAIT_MS / 1000,
+        wait: float = BATCH_WAIT,
     ) -> None:
         self.run = run
         self.size = size

@@ -2,23 +2,26 @@
 ``traffic.timeout`` gets a 504, as with BentoML's own ``TimeoutMiddleware``, which this replaces.
 
 BentoML 1.4's middleware schedules each request's timer with ``loop.call_later`` and never cancels
-it: every request leaves a timer, a future, a context and a bound method in the event loop for the
-whole timeout (120 s here) after its response. At 50 clients a worker held about 100,000 such
-objects after a soak, and they pinned Python's memory arenas among the requests' garbage
-(docs/experiments.md, 2026-11-26). Here the deadline is an ``asyncio.timeout`` that the first
-message of the response cancels, and the request runs in its own task rather than a new one.
+it, so every request leaves a timer, a future and a context in the worker for the whole timeout;
+under load they pinned the worker's memory (docs/experiments.md). BentoML has no public hook for
+its timeout, so this is the one module that reaches into ``bentoml._internal``: only on the release
+it was written for, and tests/test_service_units.py fails once BentoML's own stops leaking.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
+import bentoml
+from bentoml._internal.server.base_app import BaseAppFactory
 from bentoml._internal.server.http import traffic
 
 from service.guard import Message, Receive, Scope, Send, error_response
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+WRITTEN_FOR = "1.4."  # the BentoML releases whose TimeoutMiddleware this replaces
 
 
 class ResponseDeadline:
@@ -53,7 +56,20 @@ class ResponseDeadline:
 BentoTimeoutMiddleware = traffic.TimeoutMiddleware  # what use_response_deadline replaces
 
 
-def use_response_deadline() -> None:
-    """Make BentoML build its HTTP app with ResponseDeadline in place of its TimeoutMiddleware (it
-    imports the class from ``traffic`` each time it lists the middlewares, when a worker starts)."""
-    traffic.TimeoutMiddleware = ResponseDeadline  # type: ignore[misc,assignment]
+class _Probe(BaseAppFactory):
+    name = "probe"
+
+
+def use_response_deadline() -> bool:
+    """Make BentoML build its HTTP apps with ResponseDeadline in place of its TimeoutMiddleware (it
+    looks the class up in ``traffic`` whenever an app lists its middlewares); whether it did. Another
+    BentoML release, or one that looks it up elsewhere, keeps its own, with a warning."""
+    if bentoml.__version__.startswith(WRITTEN_FOR):
+        traffic.TimeoutMiddleware = ResponseDeadline  # type: ignore[misc,assignment]
+        if [m.cls for m in _Probe(timeout=1).middlewares] == [ResponseDeadline]:
+            return True
+        traffic.TimeoutMiddleware = BentoTimeoutMiddleware  # type: ignore[misc]
+    logging.getLogger("han.service").warning(
+        "BentoML %s keeps its own response timeout (service/deadline.py was written for %sx)",
+        bentoml.__version__, WRITTEN_FOR)
+    return False

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from han.methods import METHODS
-from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, ClassifyRequest
+from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, VALIDATED, ClassifyRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -79,8 +79,8 @@ def describe_error(error: dict[str, Any]) -> tuple[int, str]:
     return 422, f"{where or 'the request body'}: {error['msg']}"
 
 
-def check_classify_body(body: bytes) -> tuple[int, str] | None:
-    """Why ``body`` is not an acceptable /classify request (status, message), or None if it is."""
+def validate_classify_body(body: bytes) -> ClassifyRequest | tuple[int, str]:
+    """The /classify request in ``body``, or why it is not one (status, message)."""
     if not body.strip():
         return 400, 'the request body is empty; send a JSON object like {"documents": ["..."]}'
     try:
@@ -88,23 +88,22 @@ def check_classify_body(body: bytes) -> tuple[int, str] | None:
     except UnicodeDecodeError as e:
         return 400, f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})"
     try:
-        ClassifyRequest.model_validate_json(body)
+        return ClassifyRequest.model_validate_json(body)
     except ValidationError as e:
         errors = _one_per_field(e.errors(include_url=False))
         status, message = describe_error(errors[0])
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
         return status, message
-    return None
 
 
 class RequestGuard:
     """ASGI middleware: refuses a bad /classify request with a 4xx that names the problem.
 
     Checks the size (the Content-Length header and the bytes actually received, so an over-long
-    body is never read whole), UTF-8, JSON syntax and the schema, then replays the body to
-    BentoML, which parses it again into the API's arguments. Any media type but multipart and
-    BentoML's pickle is read as JSON (``curl -d`` labels JSON as a form).
+    body is never read whole), UTF-8, JSON syntax and the schema, then hands the body on to
+    BentoML with the request it holds (``VALIDATED``): it is parsed once. Any media type but
+    multipart and BentoML's pickle is read as JSON (``curl -d`` labels JSON as a form).
     """
 
     def __init__(
@@ -143,9 +142,9 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         data = bytes(body)
-        problem = check_classify_body(data)
-        if problem is not None:
-            await error_response(*problem)(scope, receive, send)
+        request = validate_classify_body(data)
+        if isinstance(request, tuple):
+            await error_response(*request)(scope, receive, send)
             return
 
         # The body is JSON whatever it was labelled (curl -d says form-urlencoded): tell BentoML so.
@@ -161,7 +160,11 @@ class RequestGuard:
                 return {"type": "http.request", "body": data, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        token = VALIDATED.set((data, request))
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            VALIDATED.reset(token)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Read (and drop) what the client is still sending, up to a bound, before answering: a

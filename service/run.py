@@ -3,14 +3,9 @@
     python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:production] [--allow-anonymous]
                           [--ssl-certfile cert.pem --ssl-keyfile key.pem]
 
-The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:production``. If the BentoML model
-store has no ``han-imdb`` model, the quick IMDB model is trained first
-(``han-train fit --config data/configs/imdb_quick.yaml``, a few minutes on 2 cores), which
-registers it; the next run finds it and starts in seconds. Another tag that is missing is an
-error: only the default model is trained here.
-
-Bound to any address but loopback it needs API keys (``$HAN_API_KEYS_FILE`` or ``$HAN_API_KEYS``,
-service/auth.py) or ``--allow-anonymous``; with a certificate and its key it serves HTTPS.
+The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:production``; only that default is
+trained here when missing (``data/configs/imdb_quick.yaml``, a few minutes), another missing tag is an
+error. Beyond loopback it needs API keys (service/auth.py) or ``--allow-anonymous``.
 """
 
 from __future__ import annotations
@@ -21,12 +16,14 @@ import signal
 import ssl
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
 from service.auth import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
+from service.settings import Settings
 
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
 
@@ -76,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
     try:  # before any training: a server that would refuse to start says so now
-        startup_keys(args.host, args.allow_anonymous)
-    except KeysError as e:
+        startup_keys(args.host, replace(Settings.read(), allow_anonymous=args.allow_anonymous))
+    except (KeysError, ValueError) as e:
         sys.exit(f"error: {e}")
     tag = args.tag or default_model_tag()
     if not has_model(tag):

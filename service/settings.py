@@ -1,17 +1,50 @@
-"""The service's whole-number settings from the environment: a bad value is an error that names the
-variable and what it takes, which the service turns into one line before any worker starts."""
+"""Every environment variable the service reads, read here once (docs/operations.md lists them all).
+
+A bad value is a ``ValueError`` naming the variable and what it takes; the service turns it into
+one line before any worker starts.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 
 def whole_number(environ: Mapping[str, str], name: str, default: int, unit: str, takes: str, minimum: int = 0) -> int:
-    """``environ[name]`` as a whole number of ``unit`` (at least ``minimum``), else ``default``.
-    ``takes`` says what the error message adds in brackets, e.g. "0: never wait"."""
+    """``environ[name]`` as a whole number of ``unit`` (at least ``minimum``), else ``default``."""
     value = environ.get(name, "").strip()
     if not value:
         return default
     if not (value.isascii() and value.isdigit()) or int(value) < minimum:
         raise ValueError(f"{name} must be a whole number of {unit} ({takes}), not {value!r}")
     return int(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 2  # HAN_WORKERS: processes, each with its own model and batcher
+    batch_wait: float = 0.010  # HAN_BATCH_WAIT_MS: the longest a model call waits for the callers just answered
+    requests_per_connection: int = 32  # HAN_REQUESTS_PER_CONNECTION: on average, before Connection: close
+    access_log: bool = False  # HAN_ACCESS_LOG=1: log every request
+    keys_file: str | None = None  # HAN_API_KEYS_FILE: API keys, one a line (read again when it changes)
+    keys: str | None = None  # HAN_API_KEYS: API keys, comma-separated (read at start)
+    allow_anonymous: bool = False  # HAN_ALLOW_ANONYMOUS=1: serve beyond loopback without keys
+    metrics_open: bool = False  # HAN_METRICS_OPEN=1: /metrics without a key
+    host: str = "127.0.0.1"  # BENTOML_HOST: the address bound when ``bentoml serve`` is given no --host
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """The settings in ``environ``; ValueError (naming the variable) on a bad value."""
+        return cls(
+            workers=whole_number(environ, "HAN_WORKERS", cls.workers, "processes", "at least 1", minimum=1),
+            batch_wait=whole_number(environ, "HAN_BATCH_WAIT_MS", 10, "milliseconds", "0: never wait") / 1000,
+            requests_per_connection=whole_number(environ, "HAN_REQUESTS_PER_CONNECTION", cls.requests_per_connection,
+                                                 "requests", "0: never end a connection"),
+            access_log=environ.get("HAN_ACCESS_LOG") == "1",
+            keys_file=environ.get("HAN_API_KEYS_FILE", "").strip() or None,
+            keys=environ.get("HAN_API_KEYS", "").strip() or None,
+            allow_anonymous=environ.get("HAN_ALLOW_ANONYMOUS") == "1",
+            metrics_open=environ.get("HAN_METRICS_OPEN") == "1",
+            host=environ.get("BENTOML_HOST") or cls.host,
+        )

@@ -12,7 +12,8 @@ import weakref
 
 import pytest
 
-from service.batcher import RequestBatcher, batch_wait
+from service.batcher import RequestBatcher
+from service.settings import Settings
 from tests.asgi_calls import run_async
 
 
@@ -263,11 +264,11 @@ def test_batcher_waits_at_most_half_a_batch_for_callers_that_do_not_come_back():
 
 
 def test_the_batch_wait_setting_is_whole_milliseconds_or_a_clear_error():
-    assert batch_wait({}) == 0.010
-    assert batch_wait({"HAN_BATCH_WAIT_MS": " 0 "}) == 0
-    assert batch_wait({"HAN_BATCH_WAIT_MS": "25"}) == 0.025
+    assert Settings.read({}).batch_wait == 0.010
+    assert Settings.read({"HAN_BATCH_WAIT_MS": " 0 "}).batch_wait == 0
+    assert Settings.read({"HAN_BATCH_WAIT_MS": "25"}).batch_wait == 0.025
     with pytest.raises(ValueError, match="HAN_BATCH_WAIT_MS must be a whole number of milliseconds.*'5ms'"):
-        batch_wait({"HAN_BATCH_WAIT_MS": "5ms"})
+        Settings.read({"HAN_BATCH_WAIT_MS": "5ms"})
 
 
 def test_batcher_stops_waiting_for_callers_that_do_not_come_back():

@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from service.connections import TRACKED, SpreadConnections, requests_per_connection
+from service.connections import TRACKED, SpreadConnections
 from service.process import free_port
+from service.settings import Settings
 from tests.asgi_calls import call, run_async, scripted_app
 from tests.service_server import REPO, ServiceServer, base_env, shared_server, tiny_model_dir_quickly
 
@@ -58,10 +59,10 @@ def test_connections_are_counted_apart_and_other_traffic_passes_untouched():
 
 
 def test_the_setting_is_a_whole_number_or_a_clear_error():
-    assert requests_per_connection({}) == 32
-    assert requests_per_connection({"HAN_REQUESTS_PER_CONNECTION": " 0 "}) == 0
+    assert Settings.read({}).requests_per_connection == 32
+    assert Settings.read({"HAN_REQUESTS_PER_CONNECTION": " 0 "}).requests_per_connection == 0
     with pytest.raises(ValueError, match="HAN_REQUESTS_PER_CONNECTION must be a whole number.*'ten'"):
-        requests_per_connection({"HAN_REQUESTS_PER_CONNECTION": "ten"})
+        Settings.read({"HAN_REQUESTS_PER_CONNECTION": "ten"})
 
 
 def test_the_connections_remembered_are_bounded():
@@ -79,7 +80,7 @@ def test_the_service_ends_a_keep_alive_connection_after_some_requests(request):
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
     body = json.dumps({"documents": ["A fine film."], "explain": False})
     since, longest, ended = 0, 0, 0
-    mean = requests_per_connection()  # what the server read from the same environment
+    mean = Settings.read().requests_per_connection  # what the server read from the same environment
     for _ in range(2 * mean):
         connection.request("POST", "/classify", body, {"Content-Type": "application/json"})
         response = connection.getresponse()

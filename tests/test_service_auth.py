@@ -24,6 +24,7 @@ from han import SavedModel
 from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, without_paths
 from service.auth import ApiKeyGuard, KeysError, bound_host, exposure_problem, load_keys
 from service.process import free_port, stop_process_group, wait_ready
+from service.settings import Settings
 from tests.service_server import REPO, ServiceServer, base_env, register_model, shared_server, tiny_model_dir_quickly
 
 pytestmark = pytest.mark.slow
@@ -37,18 +38,18 @@ DOCUMENT = "A wonderful film. The acting was superb."
 
 def test_keys_come_from_a_file_or_the_variable_and_bad_ones_are_named(tmp_path: Path) -> None:
     (path := tmp_path / "keys").write_text(f"# rotated monthly\n{KEYS[0]}\n\n  {KEYS[1]}  \n")
-    assert load_keys({"HAN_API_KEYS_FILE": str(path), "HAN_API_KEYS": "ignored-when-a-file-is-given"}) == [
-        k.encode() for k in KEYS]
-    assert load_keys({"HAN_API_KEYS": f"{KEYS[0]}, {KEYS[1]}"}) == [k.encode() for k in KEYS]
-    assert load_keys({}) == []
+    both = {"HAN_API_KEYS_FILE": str(path), "HAN_API_KEYS": "ignored-when-a-file-is-given"}
+    assert load_keys(Settings.read(both)) == [k.encode() for k in KEYS]
+    assert load_keys(Settings.read({"HAN_API_KEYS": f"{KEYS[0]}, {KEYS[1]}"})) == [k.encode() for k in KEYS]
+    assert load_keys(Settings.read({})) == []
     with pytest.raises(KeysError, match=r"HAN_API_KEYS_FILE=.*missing: cannot read the keys"):
-        load_keys({"HAN_API_KEYS_FILE": str(tmp_path / "missing")})
+        load_keys(Settings(keys_file=str(tmp_path / "missing")))
     (empty := tmp_path / "empty").write_text("# nothing yet\n")
     with pytest.raises(KeysError, match="holds no key"):
-        load_keys({"HAN_API_KEYS_FILE": str(empty)})
+        load_keys(Settings(keys_file=str(empty)))
     for bad in ("short", "has a space in it here", "clé-non-ascii-0123456789"):
         with pytest.raises(KeysError, match="at least 16 printable ASCII characters"):
-            load_keys({"HAN_API_KEYS": bad})
+            load_keys(Settings.read({"HAN_API_KEYS": bad}))
 
 
 def test_exposure_without_keys_is_refused_unless_anonymous_is_asked_for() -> None:
@@ -58,10 +59,10 @@ def test_exposure_without_keys_is_refused_unless_anonymous_is_asked_for() -> Non
     assert problem and "HAN_API_KEYS_FILE" in problem and "--allow-anonymous" in problem
     assert exposure_problem("0.0.0.0", [b"k" * 16], False) is None
     assert exposure_problem("192.168.1.5", [], True) is None
-    assert bound_host(["bentoml", "serve", "x", "--host", "0.0.0.0"], {}) == "0.0.0.0"
-    assert bound_host(["bentoml", "serve", "--host=::"], {}) == "::"
-    assert bound_host(["worker", "--fd", "3"], {"BENTOML_HOST": "10.0.0.1"}) == "10.0.0.1"
-    assert bound_host(["worker", "--fd", "3"], {}) == "127.0.0.1"
+    assert bound_host(["bentoml", "serve", "x", "--host", "0.0.0.0"], Settings()) == "0.0.0.0"
+    assert bound_host(["bentoml", "serve", "--host=::"], Settings()) == "::"
+    assert bound_host(["bentoml", "serve", "x"], Settings.read({"BENTOML_HOST": "10.0.0.1"})) == "10.0.0.1"
+    assert bound_host(["bentoml", "serve", "x"], Settings.read({})) == "127.0.0.1"
 
 
 def test_model_information_keeps_file_names_but_not_the_machines_paths() -> None:
@@ -78,7 +79,7 @@ def test_metrics_can_be_opened_alone_for_a_scraper() -> None:
 
     app = Starlette(routes=[Route(p, ok) for p in ("/metrics", "/model", "/livez")])
     for open_metrics, expected in ((False, 401), (True, 200)):
-        client = TestClient(ApiKeyGuard(app, [KEYS[0].encode()], open_metrics=open_metrics))
+        client = TestClient(ApiKeyGuard(app, Settings(keys=KEYS[0], metrics_open=open_metrics)))
         assert client.get("/metrics").status_code == expected
         assert client.get("/model").status_code == 401 and client.get("/livez").status_code == 200
         assert client.get("/model", headers={"Authorization": f"Bearer {KEYS[0]}"}).status_code == 200
@@ -129,7 +130,9 @@ def test_get_model_shows_no_path_of_the_training_machine(keyed: ServiceServer) -
     assert "/home/ana" not in raw.decode() and "reviews-2026.csv" in raw.decode()
 
 
-def test_exposed_without_keys_the_service_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+def test_exposed_without_keys_the_service_refuses_to_start_in_one_line(request: pytest.FixtureRequest,
+                                                                        tmp_path: Path) -> None:
+    register_model(tiny_model_dir_quickly(request), tmp_path / "bentoml")  # BentoML finds the model first
     env = {k: v for k, v in base_env(tmp_path / "bentoml").items() if not k.startswith("HAN_API_KEYS")}
     for command in ([sys.executable, "-m", "service.run", "--host", "0.0.0.0", "--port", str(free_port())],
                     [sys.executable, "-m", "bentoml", "serve", "service.service:HANClassifier", "--host", "0.0.0.0",

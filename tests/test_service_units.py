@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bentoml._internal.server.base_app import BaseAppFactory
-from bentoml._internal.server.http import traffic
 
 import han
 from service.api import ClassifyResponse
@@ -109,7 +107,7 @@ def test_freeze_loaded_objects_leaves_them_out_of_collections():
 def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRequest):
     pipeline = han.Pipeline(han.SavedModel.load(tiny_model_dir_quickly(request)))
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
-    for explain in ("full", None):
+    for explain in (True, None):
         results = pipeline(texts, explain=explain)
         data = json.loads(ClassifyResponse.model_construct(results=results, model="han-test:v1").model_dump_json())
         ClassifyResponse.model_validate(data)
@@ -158,7 +156,8 @@ def test_response_deadline_lets_a_started_response_finish_and_an_apps_own_timeou
 def test_response_deadline_leaves_no_timer_behind_a_finished_request():
     """BentoML's own TimeoutMiddleware leaves each request's timer (with a future and a context)
     scheduled for the whole timeout: at hundreds of requests a second, a worker held tens of
-    thousands. After ResponseDeadline's requests nothing is left to run."""
+    thousands. After ResponseDeadline's requests nothing is left to run. When BentoML's stops
+    leaking, the second assertion fails: then service/deadline.py can go."""
     async def pending_timers(middleware_class: Any) -> int:
         middleware = middleware_class(scripted_app(), timeout=120)
         for _ in range(50):
@@ -167,17 +166,63 @@ def test_response_deadline_leaves_no_timer_behind_a_finished_request():
         return sum(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
 
     assert run_async(pending_timers(ResponseDeadline)) == 0
-    assert run_async(pending_timers(BentoTimeoutMiddleware)) == 50  # what it replaces (BentoML 1.4.40)
+    assert run_async(pending_timers(BentoTimeoutMiddleware)) == 50, (
+        "BentoML's TimeoutMiddleware no longer leaves its timers behind: remove service/deadline.py")
 
 
 def test_bentoml_builds_its_apps_with_the_response_deadline_once_it_is_in_use():
-    """use_response_deadline relies on BentoML importing its timeout middleware from ``traffic``
-    whenever an app lists its middlewares: a BentoML release that stops doing so fails here."""
-    class App(BaseAppFactory):
-        name = "app"
+    """use_response_deadline relies on BentoML looking its timeout middleware up in ``traffic``
+    whenever an app lists its middlewares; it checks that, and says whether it took effect."""
+    import service.deadline
 
     try:
-        use_response_deadline()
-        assert [m.cls for m in App(timeout=120).middlewares] == [ResponseDeadline]
+        assert use_response_deadline()
     finally:
-        traffic.TimeoutMiddleware = BentoTimeoutMiddleware
+        service.deadline.traffic.TimeoutMiddleware = BentoTimeoutMiddleware
+
+
+def test_the_guard_validates_a_classify_body_once_and_bentoml_takes_its_result(monkeypatch: pytest.MonkeyPatch):
+    """The guard parses and validates the body; BentoML's parse of the same body (its JSON serde calls
+    ``model_validate_json`` on the joined body) gets the guard's request rather than parsing it again."""
+    from starlette.requests import Request
+
+    from service.api import ClassifyRequest
+    from service.guard import RequestGuard
+
+    validator, calls = ClassifyRequest.__pydantic_validator__, []
+
+    class Counting:
+        def validate_json(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(args[0])
+            return validator.validate_json(*args, **kwargs)
+
+    monkeypatch.setattr(ClassifyRequest, "__pydantic_validator__", Counting())
+    parsed: list[ClassifyRequest] = []
+
+    async def bentoml_like(scope: Any, receive: Any, send: Any) -> None:
+        body = await Request(scope, receive).body()
+        parsed.append(ClassifyRequest.model_validate_json(b"".join((body,))))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def post(body: bytes) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/classify", "headers": [(b"content-type", b"text/plain")]}
+        await RequestGuard(bentoml_like)(scope, receive, send)
+        return sent
+
+    body = json.dumps({"documents": ["A fine film."], "explain": "occlusion"}).encode()
+    assert run_async(post(body))[0]["status"] == 200
+    assert len(calls) == 1 and parsed[0].documents == ["A fine film."] and parsed[0].explain == "occlusion"
+    sent = run_async(post(b'{"documents": [3]}'))  # refused by the guard: BentoML never sees it
+    assert sent[0]["status"] == 422 and b"documents[0]: the document must be a string" in sent[1]["body"]
+    assert len(calls) == 2 and len(parsed) == 1
+    assert ClassifyRequest.model_validate_json(body).documents == ["A fine film."]  # outside a request: parsed
+    assert len(calls) == 3
