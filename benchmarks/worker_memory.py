@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.serve_load import DEFAULT_DATA, machine  # noqa: E402
 from benchmarks.served import AUTH, Server  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
+from han.methods import METHODS  # noqa: E402
 from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def hostile(copies: int) -> list[dict]:
     longest = ("A wonderful film, truly. " * 2000)[: (MAX_BODY_BYTES - 4096) // MAX_DOCUMENTS]
     bodies = [{"documents": [sentences]}, {"documents": [words]}, {"documents": ["x" * 500_000]}]
     bodies += [{"documents": [longest] * MAX_DOCUMENTS, "explain": method}
-               for method in ("attention", "attention_gradient", "integrated_gradients", "occlusion", False)]
+               for method in (*METHODS, False)]
     return [b for b in bodies for _ in range(copies)]
 
 

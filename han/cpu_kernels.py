@@ -13,8 +13,7 @@ time over the sequences still running.
   evaluation) it is ``gru_steps``, which keeps nothing for a backward pass.
 - tanh is computed as 2 sigmoid(2a) - 1 (PyTorch's sigmoid is much cheaper than its tanh on a CPU).
 
-``tests/test_model.py`` keeps every way equal to ``nn.GRU``, values and gradients; docs/experiments.md
-has the measurements behind each.
+``tests/test_model.py`` keeps every way equal to ``nn.GRU``, values and gradients.
 """
 
 from __future__ import annotations

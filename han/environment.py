@@ -41,15 +41,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def pinned_threads() -> int | None:
+    """The threads the user pinned a process to with ``OMP_NUM_THREADS``, if any."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 0) or None
+
+
 def requested_threads() -> int:
     """The threads a process may compute with: ``OMP_NUM_THREADS`` where set, else its usable cores."""
-    return int(os.environ.get("OMP_NUM_THREADS") or 0) or usable_cores()
+    return pinned_threads() or usable_cores()
 
 
 def tune_process(threads: int = 1) -> None:
     """Settings for a process that runs the model (a scoring process, a serving worker): one torch thread
-    (a second is no faster), and a batch's tensors of several MB kept on the heap up to 32 MB rather than
-    mmap'ed and page-faulted afresh every batch (docs/experiments.md, glibc malloc)."""
+    (processes, not threads, use the cores), and a batch's tensors of several MB kept on the heap rather
+    than mmap'ed and page-faulted afresh every batch (glibc malloc)."""
     import torch
 
     torch.set_num_threads(threads)

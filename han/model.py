@@ -60,7 +60,7 @@ class HANConfig:
     def from_dict(cls, data: dict[str, Any]) -> HANConfig:
         known = {f.name for f in fields(cls)}
         data = dict(data)
-        if data.pop("nb_features", 0):  # a setting removed after it scored worse (docs/experiments.md)
+        if data.pop("nb_features", 0):  # a setting removed after it scored worse
             raise ValueError("nb_features (Naive Bayes features beside the embedding) is no longer supported")
         unknown = set(data) - known
         if unknown:

@@ -10,30 +10,29 @@ production (``model_store.production``), and ``NAME:latest`` until there is one.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import bentoml
 from bentoml.exceptions import BentoMLException, NotFound
 
-from model_store.production import PRODUCTION, follows_pointer, production_tag, split_tag
+from model_store.production import (
+    PRODUCTION,
+    follows_pointer,
+    model_tag_from_env,
+    production_tag,
+    split_tag,
+)
 
 if TYPE_CHECKING:  # torch and spaCy load only where a model does: han-model status starts in a second
     from han.pipeline import Pipeline
     from han.saved_model import SavedModel
 
 DEFAULT_MODEL_TAG = f"han-imdb:{PRODUCTION}"
-MODEL_TAG_ENV = "HAN_MODEL_TAG"
 
 
 class ModelNotFoundError(LookupError):
     """No model directory or BentoML model matches what the user named."""
-
-
-def model_tag_from_env() -> str | None:
-    """``$HAN_MODEL_TAG``, the model to serve and score, if set (the one variable model_store reads)."""
-    return os.environ.get(MODEL_TAG_ENV, "").strip() or None
 
 
 def default_model_tag() -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 PRODUCTION = "production"
+MODEL_TAG_ENV = "HAN_MODEL_TAG"
 REPLICA_FRESH_SECONDS = 10.0  # a replica that has not reported for this long is taken as stopped
 
 
@@ -29,7 +30,13 @@ class PromotionError(RuntimeError):
 
 
 def bentoml_home() -> Path:
+    """The model store's folder (BentoML's own default). This module reads model_store's two variables."""
     return Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml").expanduser()
+
+
+def model_tag_from_env() -> str | None:
+    """``$HAN_MODEL_TAG``, the model to serve and score, if set."""
+    return os.environ.get(MODEL_TAG_ENV, "").strip() or None
 
 
 def deployment_dir(name: str) -> Path:

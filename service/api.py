@@ -51,7 +51,9 @@ class ClassifyRequest(BaseModel):
         """BentoML parses a /classify body with this: the body the guard has validated is not parsed again."""
         validated = VALIDATED.get()
         if validated is not None and validated[0] == json_data and not kwargs:
-            return validated[1]
+            VALIDATED.set(None)  # taken once: the request's context no longer holds the body
+            request = validated[1]  # as BentoML's own subclass of this model, without validating again
+            return cls.model_construct(request.model_fields_set, **dict(request))
         return super().model_validate_json(json_data, **kwargs)
 
 

@@ -22,9 +22,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from service.settings import Settings
+from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
 
-KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"  # in messages
 OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
 REALM = 'Bearer realm="han"'
 

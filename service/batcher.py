@@ -4,7 +4,7 @@ A request that finds the model idle runs at once; those that arrive while a batc
 the next one, so batches grow with the load and an idle service adds no waiting. After a batch, the
 next waits briefly for the callers it just answered (who would otherwise split into two groups taking
 turns at half the batch size), unless few of them came back during recent waits (many independent
-callers). Why not BentoML's adaptive batching: docs/experiments.md.
+callers). BentoML's adaptive batching sits behind an HTTP hop to a dependent service, which costs more.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from service.settings import Settings
+
 T = TypeVar("T")
 R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
 IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
-BATCH_WAIT = 0.010  # the longest a batch waits for the callers just answered, in seconds (0: never waits)
 WAIT_SHARE = 0.5  # ... and at most this share of the previous batch's run time
 PROBE_EVERY = 8  # while callers do not come back, one batch in this many still waits (to notice when they do)
 
@@ -53,7 +54,7 @@ class RequestBatcher(Generic[T, R]):
         on_batch: Callable[[int, int], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         idle_seconds: float = IDLE_SECONDS,
-        wait: float = BATCH_WAIT,
+        wait: float = Settings.batch_wait,
     ) -> None:
         self.run = run
         self.size = size

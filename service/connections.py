@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 from service.guard import Message, Receive, Scope, Send
+from service.settings import Settings
 
 TRACKED = 4096  # connections remembered per worker (the least recently active forgotten first)
 
@@ -20,7 +21,8 @@ class SpreadConnections:
     """ASGI middleware: ``Connection: close`` on a connection's last response, after 1 to
     2 x ``requests`` - 1 requests (uniformly drawn when the connection is first seen)."""
 
-    def __init__(self, app: object, requests: int = 32, rng: random.Random | None = None) -> None:
+    def __init__(self, app: object, requests: int = Settings.requests_per_connection,
+                 rng: random.Random | None = None) -> None:
         self.app = app
         self.requests = requests
         self.rng = rng or random.Random()

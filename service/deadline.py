@@ -3,7 +3,7 @@
 
 BentoML 1.4's middleware schedules each request's timer with ``loop.call_later`` and never cancels
 it, so every request leaves a timer, a future and a context in the worker for the whole timeout;
-under load they pinned the worker's memory (docs/experiments.md). BentoML has no public hook for
+under load they pinned the worker's memory. BentoML has no public hook for
 its timeout, so this is the one module that reaches into ``bentoml._internal``: only on the release
 it was written for, and tests/test_service_units.py fails once BentoML's own stops leaking.
 """

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import IO
 
 from han.environment import apply_defaults
+from model_store.production import MODEL_TAG_ENV
+from service.settings import KEYS_FILE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "service.service:HANClassifier"
@@ -43,9 +45,9 @@ def start_server(
     compare versions). With ``own_session`` it gets a process group of its own, so that
     ``stop_process_group`` ends its workers too."""
     server_env = apply_defaults({**os.environ, **(env or {})})
-    server_env["HAN_MODEL_TAG"] = tag
-    if keys := server_env.get("HAN_API_KEYS_FILE", "").strip():  # relative to the caller, not to ``repo``
-        server_env["HAN_API_KEYS_FILE"] = str(Path(keys).resolve())
+    server_env[MODEL_TAG_ENV] = tag
+    if keys := server_env.get(KEYS_FILE_ENV, "").strip():  # relative to the caller, not to ``repo``
+        server_env[KEYS_FILE_ENV] = str(Path(keys).resolve())
     server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), server_env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "bentoml", "serve", service, "--host", host, "--port", str(port), *args]
     return subprocess.Popen(

@@ -20,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from han.environment import apply_defaults
-from model_store import DEFAULT_MODEL_TAG, MODEL_TAG_ENV, ModelNotFoundError, default_model_tag, model_path
-from service.auth import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, KeysError, startup_keys
+from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, default_model_tag, model_path
+from model_store.production import MODEL_TAG_ENV
+from service.auth import KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
-from service.settings import Settings
+from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
 
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
 

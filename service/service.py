@@ -71,7 +71,7 @@ use_response_deadline()  # before BentoML builds a worker's app: no hook runs ea
     name="HANClassifier",
     workers=SETTINGS.workers,
     traffic={"timeout": 120},
-    http={"host": "127.0.0.1", "port": 3000},
+    http={"host": Settings.host, "port": 3000},
     # Request spans go nowhere without a trace exporter, and the access log costs as much CPU as a short
     # review: both off unless asked for (HAN_ACCESS_LOG=1; a deployment with an exporter drops the exclusion).
     logging={"access": {"enabled": SETTINGS.access_log}},

@@ -21,15 +21,20 @@ def whole_number(environ: Mapping[str, str], name: str, default: int, unit: str,
     return int(value)
 
 
+WORKERS_ENV, BATCH_WAIT_ENV = "HAN_WORKERS", "HAN_BATCH_WAIT_MS"
+REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
+KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"
+
+
 @dataclass(frozen=True)
 class Settings:
-    workers: int = 2  # HAN_WORKERS: processes, each with its own model and batcher
-    batch_wait: float = 0.010  # HAN_BATCH_WAIT_MS: the longest a model call waits for the callers just answered
-    requests_per_connection: int = 32  # HAN_REQUESTS_PER_CONNECTION: on average, before Connection: close
+    workers: int = 2  # processes, each with its own model and batcher
+    batch_wait: float = 0.010  # seconds a model call waits, at most, for the callers just answered (0: never)
+    requests_per_connection: int = 32  # on average, before a keep-alive connection is ended (0: never)
     access_log: bool = False  # HAN_ACCESS_LOG=1: log every request
-    keys_file: str | None = None  # HAN_API_KEYS_FILE: API keys, one a line (read again when it changes)
-    keys: str | None = None  # HAN_API_KEYS: API keys, comma-separated (read at start)
-    allow_anonymous: bool = False  # HAN_ALLOW_ANONYMOUS=1: serve beyond loopback without keys
+    keys_file: str | None = None  # API keys, one a line (read again when the file changes)
+    keys: str | None = None  # API keys, comma-separated (read at start)
+    allow_anonymous: bool = False  # serve beyond loopback without keys
     metrics_open: bool = False  # HAN_METRICS_OPEN=1: /metrics without a key
     host: str = "127.0.0.1"  # BENTOML_HOST: the address bound when ``bentoml serve`` is given no --host
 
@@ -37,14 +42,15 @@ class Settings:
     def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
         """The settings in ``environ``; ValueError (naming the variable) on a bad value."""
         return cls(
-            workers=whole_number(environ, "HAN_WORKERS", cls.workers, "processes", "at least 1", minimum=1),
-            batch_wait=whole_number(environ, "HAN_BATCH_WAIT_MS", 10, "milliseconds", "0: never wait") / 1000,
-            requests_per_connection=whole_number(environ, "HAN_REQUESTS_PER_CONNECTION", cls.requests_per_connection,
+            workers=whole_number(environ, WORKERS_ENV, cls.workers, "processes", "at least 1", minimum=1),
+            batch_wait=whole_number(environ, BATCH_WAIT_ENV, round(cls.batch_wait * 1000), "milliseconds",
+                                    "0: never wait") / 1000,
+            requests_per_connection=whole_number(environ, REQUESTS_PER_CONNECTION_ENV, cls.requests_per_connection,
                                                  "requests", "0: never end a connection"),
             access_log=environ.get("HAN_ACCESS_LOG") == "1",
-            keys_file=environ.get("HAN_API_KEYS_FILE", "").strip() or None,
-            keys=environ.get("HAN_API_KEYS", "").strip() or None,
-            allow_anonymous=environ.get("HAN_ALLOW_ANONYMOUS") == "1",
+            keys_file=environ.get(KEYS_FILE_ENV, "").strip() or None,
+            keys=environ.get(KEYS_ENV, "").strip() or None,
+            allow_anonymous=environ.get(ANONYMOUS_ENV) == "1",
             metrics_open=environ.get("HAN_METRICS_OPEN") == "1",
             host=environ.get("BENTOML_HOST") or cls.host,
         )

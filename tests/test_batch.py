@@ -355,7 +355,7 @@ def test_a_registered_bentoml_model_is_found_by_tag(tmp_path: Path, tiny_model_d
     tag = model_store.register(SavedModel.load(tiny_model_dir), "han-batch-test")
     source = write_input(tmp_path / "in.jsonl", input_rows())
     assert score(source, tmp_path / "a.jsonl", tag, "--workers", "1") == 0
-    monkeypatch.setenv(model_store.MODEL_TAG_ENV, tag)  # the default model is $HAN_MODEL_TAG
+    monkeypatch.setenv(model_store.production.MODEL_TAG_ENV, tag)  # the default model is $HAN_MODEL_TAG
     assert main([str(source), str(tmp_path / "b.jsonl"), "--quiet", "--workers", "1"]) == 0
     assert read_output(tmp_path / "a.jsonl") == read_output(tmp_path / "b.jsonl")
 

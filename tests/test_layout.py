@@ -130,3 +130,24 @@ def test_han_loads_its_public_names_on_first_use() -> None:
             "import han; print(heavy, bool(han.__all__) and all(getattr(han, n) for n in han.__all__))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "True"], out
+
+
+def test_bentoml_internals_are_reached_only_by_the_one_guarded_module() -> None:
+    """service/deadline.py patches BentoML's response timeout (checked against its version); nothing else
+    of ours imports ``bentoml._internal``."""
+    reaching = [str(path.relative_to(REPO)) for package in (*ALLOWED, "tests", "benchmarks")
+                for path in python_files(package) if any(m.startswith("bentoml._internal") for m in imports(path))]
+    assert reaching == ["service/deadline.py"]
+
+
+def test_the_explanation_methods_are_named_once() -> None:
+    """han.methods lists them; the attributions implement exactly those (attention is the model's own) and
+    the web page offers exactly those."""
+    import re
+
+    from han.attribution import _METHODS
+    from han.methods import DEFAULT_METHOD, METHODS
+
+    assert {DEFAULT_METHOD, *_METHODS} == set(METHODS)
+    page = (REPO / "service" / "static" / "index.html").read_text(encoding="utf-8")
+    assert tuple(re.findall(r'<option value="(\w+)"', page)) == METHODS

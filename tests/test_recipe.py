@@ -119,6 +119,13 @@ def test_print_config_shows_what_the_run_will_use_the_recipes_choices_marked(
     assert printed["checkpoint"]["dirpath"] == str(run / "checkpoints") and printed["export"]["name"] == "han-reviews"
     assert f"  default_root_dir: {run}\n" in out  # the command line's
     assert not run.exists()
+    for flags in (["--print_config=skip_unset"], ["--print_config", "skip_default,skip_null"]):  # jsonargparse's
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--data.train", str(FIXTURE), *flags])
+        assert exit_info.value.code in (0, None) and "  batch_size: 8  # recipe" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--data.train", str(FIXTURE), "--print_config=bogus"])
+    assert exit_info.value.code == 2 and 'Invalid option "bogus" for --print_config' in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -153,3 +160,15 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
          "false", "--ckpt_path", str(best)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "recipe (training" not in out.stderr and "test: HAN against the baseline" in out.stderr
+
+
+def test_a_module_built_without_the_recipe_names_the_settings_a_fit_needs() -> None:
+    """HANModule outside han-train: unset sizes are HANConfig's, but a fit stops on the unset settings
+    the recipe would have filled, naming them, rather than failing later on a None."""
+    from training.module import HANModule
+
+    with pytest.raises(ValueError, match=r"model.freeze_embeddings, model.warmup_steps, model.patience, "
+                                         r"model.word2vec_epochs unset: han-train's recipe"):
+        HANModule(vocab_size=10, num_labels=2).setup("fit")
+    HANModule(vocab_size=10, num_labels=2, freeze_embeddings=0, warmup_steps=0, patience=2,
+              embeddings=None).setup("validate")  # only a fit needs them

@@ -183,11 +183,21 @@ def test_bentoml_builds_its_apps_with_the_response_deadline_once_it_is_in_use():
 
 def test_the_guard_validates_a_classify_body_once_and_bentoml_takes_its_result(monkeypatch: pytest.MonkeyPatch):
     """The guard parses and validates the body; BentoML's parse of the same body (its JSON serde calls
-    ``model_validate_json`` on the joined body) gets the guard's request rather than parsing it again."""
+    ``model_validate_json`` of the API's input spec on the joined body) gets the guard's request, as an
+    instance of that spec, rather than parsing it again."""
+    import bentoml
     from starlette.requests import Request
 
     from service.api import ClassifyRequest
     from service.guard import RequestGuard
+
+    @bentoml.service
+    class Probe:
+        @bentoml.api(input_spec=ClassifyRequest)
+        def classify(self, documents: list[str], explain: bool | str = True) -> str:
+            return ""
+
+    spec = Probe.apis["classify"].input_spec
 
     validator, calls = ClassifyRequest.__pydantic_validator__, []
 
@@ -197,11 +207,11 @@ def test_the_guard_validates_a_classify_body_once_and_bentoml_takes_its_result(m
             return validator.validate_json(*args, **kwargs)
 
     monkeypatch.setattr(ClassifyRequest, "__pydantic_validator__", Counting())
-    parsed: list[ClassifyRequest] = []
+    parsed: list[Any] = []
 
     async def bentoml_like(scope: Any, receive: Any, send: Any) -> None:
         body = await Request(scope, receive).body()
-        parsed.append(ClassifyRequest.model_validate_json(b"".join((body,))))
+        parsed.append(spec.model_validate_json(b"".join((body,))))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -220,7 +230,8 @@ def test_the_guard_validates_a_classify_body_once_and_bentoml_takes_its_result(m
 
     body = json.dumps({"documents": ["A fine film."], "explain": "occlusion"}).encode()
     assert run_async(post(body))[0]["status"] == 200
-    assert len(calls) == 1 and parsed[0].documents == ["A fine film."] and parsed[0].explain == "occlusion"
+    assert len(calls) == 1 and isinstance(parsed[0], spec) and spec is not ClassifyRequest
+    assert parsed[0].documents == ["A fine film."] and parsed[0].explain == "occlusion"
     sent = run_async(post(b'{"documents": [3]}'))  # refused by the guard: BentoML never sees it
     assert sent[0]["status"] == 422 and b"documents[0]: the document must be a string" in sent[1]["body"]
     assert len(calls) == 2 and len(parsed) == 1

@@ -27,6 +27,10 @@ from training.module import HANModule
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 
+# --print_config's flags, as jsonargparse reads them (skip_null is its old name for skip_unset).
+PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
+               "comments": "with_comments"}
+
 
 class HANCLI(LightningCLI):
     """Adds the checkpoint and export settings, links the sizes that come from the data, and lets
@@ -55,11 +59,27 @@ class HANCLI(LightningCLI):
         })
 
     def parse_arguments(self, parser, args: list[str] | None) -> None:  # type: ignore[no-untyped-def,override]
-        # --print_config is held back until the recipe has filled the config (before_instantiate_classes).
+        # --print_config[=flags] is held back until the recipe has filled the config (before_instantiate_classes).
         args = sys.argv[1:] if args is None else list(args)
-        printing = [a.partition("=")[2] for a in args if a.partition("=")[0] == "--print_config"]
-        self.print_flags = printing[-1].split(",") if printing else None
-        self.config = parser.parse_args([a for a in args if a.partition("=")[0] != "--print_config"])
+        rest, printing, i = [], None, 0
+        while i < len(args):
+            name, _, value = args[i].partition("=")
+            if name == "--print_config":
+                following = args[i + 1] if i + 1 < len(args) else ""
+                if not value and following and all(f in PRINT_FLAGS for f in following.split(",")):
+                    value, i = following, i + 1  # the flags as a separate word
+                printing = value
+            else:
+                rest.append(args[i])
+            i += 1
+        self.print_flags: dict[str, bool] | None = None
+        if printing is not None:
+            self.print_flags = {"skip_unset": False}
+            for flag in filter(None, printing.split(",")):
+                if flag not in PRINT_FLAGS:
+                    parser.error(f'Invalid option "{flag}" for --print_config (flags: {", ".join(PRINT_FLAGS)})')
+                self.print_flags[PRINT_FLAGS[flag]] = True
+        self.config = parser.parse_args(rest)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -72,11 +92,10 @@ class HANCLI(LightningCLI):
             return
         # What the run will use, each setting (section.key) the recipe filled marked.
         filled = {key for key, value in config.items() if before.get(key) != value}
-        flags = {("with_comments" if f == "comments" else f): True for f in self.print_flags if f}
         for line in [*lines, "'# recipe': filled by training/recipe.py"]:
             print(f"# {line}")
         section = ""
-        for line in self._parser(self.subcommand).dump(config, skip_unset=False, **flags).splitlines():
+        for line in self._parser(self.subcommand).dump(config, **self.print_flags).splitlines():
             section = line.split(":")[0] if line[:1].isalnum() else section
             key = re.match(r"  (\w+):", line)
             print(f"{line}  # recipe" if key and f"{section}.{key[1]}" in filled else line)

@@ -63,8 +63,8 @@ class HANModule(pl.LightningModule):
         vocab_size: the vocabulary's size (from the data).
         num_labels: the number of labels (from the data).
         multi_label: each document has any number of labels (from the data).
-        embed_dim: word embedding size; unset (null), the dimension of the ``embeddings`` vectors
-            (read from the file's header or first line), else HANConfig's. Set, it must match them.
+        embed_dim: word embedding size; unset (null), han-train's recipe takes the dimension of the
+            ``embeddings`` vectors, else HANConfig's is used. Set, it must match them.
         word_hidden: GRU hidden size per direction over words.
         sentence_hidden: GRU hidden size per direction over sentences.
         attention_dim: size of the attention MLPs and context vectors.
@@ -182,6 +182,12 @@ class HANModule(pl.LightningModule):
         # vectors first, then a stored model's words and encoders over them.
         if stage != "fit" or self._initialised:
             return
+        hp = self.hparams
+        needed = ["freeze_embeddings", *(["warmup_steps", "patience"] if hp.scheduler == "plateau" else []),
+                  *(["word2vec_epochs"] if hp.embeddings == "word2vec" else [])]
+        if unset := [f"model.{name}" for name in needed if hp[name] is None]:
+            raise ValueError(f"{', '.join(unset)} unset: han-train's recipe (training.recipe) fills them from the "
+                             "data; a module built otherwise must set them")
         self._initialised = True
         data = self.trainer.datamodule
         if self.hparams.embeddings and self._stored is None:

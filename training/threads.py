@@ -67,9 +67,9 @@ class FreeCoreThreads(pl.Callback):
 
 def thread_callbacks() -> list[pl.Callback]:
     """The callback for a fit whose threads nobody pinned (``OMP_NUM_THREADS`` unset) on several cores."""
-    from han.environment import usable_cores
+    from han.environment import pinned_threads, usable_cores
 
     cores = usable_cores()
-    if os.environ.get("OMP_NUM_THREADS") or cores < 2 or _busy_ticks() is None:
+    if pinned_threads() or cores < 2 or _busy_ticks() is None:
         return []
     return [FreeCoreThreads(cores)]
