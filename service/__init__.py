@@ -6,7 +6,7 @@
     batcher.py   concurrent requests gathered into shared model calls
     deadline.py  the 504 for a request unanswered within the timeout (in place of BentoML's)
     connections.py  keep-alive connections ended now and then, so a client pool spreads over the workers
-    settings.py  whole-number settings from the environment, with errors that name them
+    settings.py  every environment variable the service reads, read once
     pages.py     the web page, /model, /docs
     process.py   start, wait for and stop a server (``make run``, tests, benchmarks)
     run.py       ``make run``: train the default model if there is none, then serve it

@@ -27,19 +27,9 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 
 def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    kinds = ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+             (list, "an array"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def _where(loc: Sequence[Any]) -> str:

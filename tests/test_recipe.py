@@ -119,7 +119,7 @@ def test_print_config_shows_what_the_run_will_use_the_recipes_choices_marked(
     assert printed["checkpoint"]["dirpath"] == str(run / "checkpoints") and printed["export"]["name"] == "han-reviews"
     assert f"  default_root_dir: {run}\n" in out  # the command line's
     assert not run.exists()
-    for flags in (["--print_config=skip_unset"], ["--print_config", "skip_default,skip_null"]):  # jsonargparse's
+    for flags in (["--print_config=skip_unset"], ["--print_config=skip_default,skip_null"]):  # jsonargparse's
         with pytest.raises(SystemExit) as exit_info:
             main(["fit", "--data.train", str(FIXTURE), *flags])
         assert exit_info.value.code in (0, None) and "  batch_size: 8  # recipe" in capsys.readouterr().out

@@ -61,25 +61,15 @@ class HANCLI(LightningCLI):
     def parse_arguments(self, parser, args: list[str] | None) -> None:  # type: ignore[no-untyped-def,override]
         # --print_config[=flags] is held back until the recipe has filled the config (before_instantiate_classes).
         args = sys.argv[1:] if args is None else list(args)
-        rest, printing, i = [], None, 0
-        while i < len(args):
-            name, _, value = args[i].partition("=")
-            if name == "--print_config":
-                following = args[i + 1] if i + 1 < len(args) else ""
-                if not value and following and all(f in PRINT_FLAGS for f in following.split(",")):
-                    value, i = following, i + 1  # the flags as a separate word
-                printing = value
-            else:
-                rest.append(args[i])
-            i += 1
+        printing = [a.partition("=")[2] for a in args if a.partition("=")[0] == "--print_config"]
         self.print_flags: dict[str, bool] | None = None
-        if printing is not None:
+        if printing:
             self.print_flags = {"skip_unset": False}
-            for flag in filter(None, printing.split(",")):
+            for flag in filter(None, printing[-1].split(",")):
                 if flag not in PRINT_FLAGS:
                     parser.error(f'Invalid option "{flag}" for --print_config (flags: {", ".join(PRINT_FLAGS)})')
                 self.print_flags[PRINT_FLAGS[flag]] = True
-        self.config = parser.parse_args(rest)
+        self.config = parser.parse_args([a for a in args if a.partition("=")[0] != "--print_config"])
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -105,8 +95,7 @@ class HANCLI(LightningCLI):
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``han-train``; user errors print one line and exit with status 2."""
     apply_defaults()
-    # The cores this process may use unless OMP_NUM_THREADS says otherwise (torch's own default can be
-    # fewer); while training, the count then follows the cores other processes leave free (training.threads).
+    # Every usable core unless OMP_NUM_THREADS says otherwise; a fit then follows the free ones (training.threads).
     torch.set_num_threads(requested_threads())
     try:
         cli = _run(args)

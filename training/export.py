@@ -69,11 +69,9 @@ class ExportModel(pl.Callback):
             method is measured against a random one (0 skips it); see han.faithfulness.
         faithfulness_tau: of those, how many also get the Kendall tau against leave-one-word-out
             (it runs the model once per word).
-        faithfulness_budget: in ``fit``, the check's time as a share of the fit's so far (from its
-            setup, after tokenising, to the check): it stops adding documents where the next would go
-            past it, keeping at least 20 (what the bootstrap intervals need), so that on long
-            documents it cannot take longer than the training; the report says how many it measured
-            and why it stopped. null: the count alone decides (as in ``test``: no fit to share).
+        faithfulness_budget: in ``fit``, the check's time at most as a share of the fit's (after
+            tokenising), keeping at least 20 documents (what the bootstrap intervals need); the report
+            says how many it measured. null: the count alone decides (as in ``test``).
         baseline: also train TF-IDF 1-2 grams + logistic regression on the same labelled training
             documents (seconds) and report it beside the model on the same splits and metrics, so
             every run says whether the HAN is worth its cost (see training.baseline).

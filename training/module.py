@@ -72,11 +72,10 @@ class HANModule(pl.LightningModule):
         word_dropout: share of words replaced by the unknown token while training.
         lr: peak learning rate.
         weight_decay: decoupled weight decay; not applied to embeddings or biases.
-        scheduler: ``plateau`` (the default: a linear warm-up over ``warmup_steps``, then the rate
-            halved whenever the validation loss stalls once the vectors are released, and training
-            stopped after ``patience`` validations without a lower one, or at 1/16 of the peak rate: it
-            works whatever the number of steps), ``onecycle`` (warm-up then cosine decay to ~0 over
-            ``trainer.max_epochs``; the shipped dataset configs were tuned with it), or ``constant``.
+        scheduler: ``plateau`` (the default: warm-up over ``warmup_steps``, the rate halved whenever the
+            validation loss stalls once the vectors are released, stopped after ``patience`` validations
+            without a lower one), ``onecycle`` (warm-up, then cosine decay over ``trainer.max_epochs``;
+            the shipped dataset configs were tuned with it), or ``constant``.
         warmup_fraction: share of steps spent warming up with ``onecycle``.
         warmup_steps: steps of linear warm-up with ``plateau`` (by default from the data: training.recipe).
         patience: with ``plateau``, validations without a lower loss before training stops.
@@ -267,9 +266,7 @@ class HANModule(pl.LightningModule):
         if hp.scheduler == "constant":
             return optimizer
         if hp.scheduler == "plateau":
-            # Warm-up is applied per step in optimizer_step; the plateau halving per validation.
-            # Halved after each validation without a lower loss; after two where the patience is above 3
-            # (small, noisy validation splits).
+            # Warm-up per step (optimizer_step), then halved per stalled validation (two if patience > 3).
             plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
                 optimizer, mode="min", factor=0.5, patience=0 if hp.patience <= 3 else 1, threshold=RELATIVE_GAIN)
             return {"optimizer": optimizer,

