@@ -222,7 +222,9 @@ def layout(config: Any, subcommand: str) -> None:
             raise DataError("self-training (self_training.fraction above 0) is for single-label data")
         root = root / "teacher"  # its model only labels the unlabelled text (training.cli.main)
         checkpoint.dirpath = None
-        export.register, export.faithfulness, export.baseline = False, 0, False
+        # Unregistered and unmeasured, but with its n-gram head where validation keeps one: the averaged
+        # scores are the more accurate teacher.
+        export.register, export.faithfulness = False, 0
     trainer.default_root_dir = str(root)
     if checkpoint.dirpath is None:
         checkpoint.dirpath = str(root / "checkpoints")

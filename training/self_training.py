@@ -1,6 +1,7 @@
 """Self-training: with few labels and more unlabelled text, a first model (the teacher), trained on
-the labels, labels the unlabelled text; a second model trains on the labels plus the teacher's most
-confident labels, balanced across classes, and is the one exported.
+the labels, labels the unlabelled text (the HAN averaged with its n-gram head, if validation keeps it);
+a second model trains on the labels plus the teacher's most confident labels, balanced across classes,
+and is the one exported.
 
 ``han-train fit`` runs both when ``self_training.fraction`` is above 0 and ``data.unlabeled`` is set:
 the teacher's run goes to ``<run>/teacher`` (exported there, not registered), its labels to
