@@ -73,7 +73,7 @@ class HANCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        before = dict(config.clone().items())
+        before = dict(config.clone().items()) if self.print_flags is not None else {}  # to mark what it fills
         lines = recipe.apply(config, self.subcommand)
         for line in lines if self.print_flags is None else []:  # else in the printed config's header
             print(line, file=sys.stderr)

@@ -56,8 +56,8 @@ def embeddings_dimension(spec: str) -> int | None:
     built before they are loaded); None for ``word2vec``, which is built at the model's size."""
     if spec == BUILD:
         return None
-    if spec == GLOVE:
-        return int(_glove()[1].shape[1])
+    if spec == GLOVE:  # the matrix's header alone: the 400,000 words are read once, when the vectors are
+        return int(np.load(_glove_files()[0], mmap_mode="r", allow_pickle=False).shape[1])
     return vectors_dimension(spec)
 
 
@@ -92,8 +92,8 @@ def glove_6b_50d(vocab: Vocabulary, dim: int | None = None, seed: int = 0) -> Ve
                  seed)
 
 
-def _glove() -> tuple[list[str], np.ndarray, Path]:
-    """The package's words, its matrix (memory-mapped) and the matrix's path."""
+def _glove_files() -> tuple[Path, Path]:
+    """The package's matrix and word index, checked to be there."""
     try:
         root = Path(str(importlib.resources.files(GLOVE_PACKAGE) / "data"))
     except ModuleNotFoundError:
@@ -101,6 +101,12 @@ def _glove() -> tuple[list[str], np.ndarray, Path]:
     matrix_path, index_path = (root / name for name in GLOVE_FILES)
     if not (matrix_path.is_file() and index_path.is_file()):
         raise VectorsError(f"{GLOVE}: {root} lacks {' or '.join(GLOVE_FILES)} (reinstall 'han-classifier[glove]')")
+    return matrix_path, index_path
+
+
+def _glove() -> tuple[list[str], np.ndarray, Path]:
+    """The package's words, its matrix (memory-mapped) and the matrix's path."""
+    matrix_path, index_path = _glove_files()
     import pyarrow.parquet as pq  # a dependency of datasets
 
     words = [str(word) for word in pq.read_table(index_path).column(0).to_pylist()]
