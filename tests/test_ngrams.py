@@ -126,6 +126,13 @@ def test_the_share_is_chosen_on_validation(shared_datasets: Path) -> None:
     assert shown["averaged"] >= max(shown["han"], shown["ngrams"]) and shown["ngrams"] > shown["han"]
     mixed = head.mix(noise, head.probabilities(valid))
     assert round(float((mixed.argmax(1) == truth).mean()), 4) == shown["averaged"]
+    # the head is averaged calibrated: its temperature, fitted on validation, is folded into its weights
+    raw = head_from_baseline(baseline, len(labels))
+    t = summary["head_temperature"]
+    assert t != 1.0 and np.allclose(head.logits(valid), raw.logits(valid) / t, atol=1e-3 / t)
+    nll = [-np.log(p[np.arange(len(truth)), truth]).mean()
+           for p in (raw.probabilities(valid), head.probabilities(valid))]
+    assert nll[1] < nll[0]
 
 
 def test_a_fit_keeps_the_head_when_it_helps_and_test_and_predict_use_it(tmp_path: Path,
