@@ -133,8 +133,8 @@ def main() -> None:
     parser.add_argument("datasets", nargs="*", help=f"some of {', '.join(DATASETS)} (default: all four)")
     parser.add_argument("--suite", action="store_true", help="the development suite of settings (benchmarks/suite.py)")
     parser.add_argument("--only", nargs="*", help="with --suite: these settings only")
-    parser.add_argument("--vectors", nargs="*", default=["word2vec", "glove"], choices=["word2vec", "glove"],
-                        help="with --suite: word vectors built from the data, GloVe 6B 50d, or both")
+    parser.add_argument("--vectors", nargs="*", default=["recipe"], choices=["recipe", "word2vec", "glove"],
+                        help="with --suite: the recipe's word vectors, vectors built from the data, GloVe 6B 50d")
     parser.add_argument("--jobs", type=int, default=1, help="with --suite: fits at a time, each on its own core")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "suite", help="with --suite: where runs go")
     parser.add_argument("--han-run", type=Path, help="read the HAN's figures from this finished run (one dataset)")

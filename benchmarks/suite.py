@@ -1,14 +1,15 @@
 """The development suite: the default recipe against TF-IDF + logistic regression across settings.
 
-    python benchmarks/accuracy.py --suite                      # every setting, with and without GloVe
+    python benchmarks/accuracy.py --suite                      # every setting, the recipe's word vectors
     python benchmarks/accuracy.py --suite --jobs 2             # two fits at a time, one core each
-    python benchmarks/accuracy.py --suite --only imdb-1000 titles --vectors word2vec
+    python benchmarks/accuracy.py --suite --only imdb-1000 reuters-titles --vectors word2vec glove
 
-Settings, not corpora: sizes (IMDB at 1,000 to 25,000 labels, 20 Newsgroups at 2,000 and in full),
-tasks (binary, 20 classes, 90 labels multi-label) and lengths (Reuters titles and 20 Newsgroups
-subject lines alone, one or two sentences each). Every fit is the plain ``han-train fit
---data.train FILE --data.test FILE`` a user without a dataset config runs: the recipe
-(training/recipe.py) chooses the rest from the data on its validation split, and the same fit trains
+Settings, not corpora: sizes (IMDB at 1,000 to 25,000 labels, 20 Newsgroups at 2,000 and in full;
+the few-label ones also with the rest of their training split as unlabelled text, ``*-unlabelled``,
+which the recipe self-trains on), tasks (binary, 20 classes, 90 labels multi-label) and lengths
+(Reuters titles and 20 Newsgroups subject lines alone, one or two sentences each). Every fit is the
+plain ``han-train fit --data.train FILE --data.test FILE`` a user without a dataset config runs: the
+recipe (training/recipe.py) chooses the rest from the data on its validation split, and the same fit trains
 the baseline on the same training split (training/baseline.py). The test split only reads the
 result. A run whose model directory exists is read, not retrained (delete it to rerun).
 """
@@ -30,7 +31,9 @@ import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shared" / "datasets"))
-VECTORS = {"word2vec": [], "glove": ["--model.embeddings", "glove-6b-50d"]}
+# the recipe's choice (GloVe for short English texts, else word2vec), or one of them whatever the data
+VECTORS = {"recipe": [], "word2vec": ["--model.embeddings", "word2vec"],
+           "glove": ["--model.embeddings", "glove-6b-50d"]}
 
 
 def _sample(table: pa.Table, n: int, column: str) -> pa.Table:
@@ -40,6 +43,15 @@ def _sample(table: pa.Table, n: int, column: str) -> pa.Table:
     keep, _ = train_test_split(list(range(len(table))), train_size=n, random_state=0,
                                stratify=table.column(column).to_pylist())
     return table.take(sorted(keep))
+
+
+def _rest(table: pa.Table, n: int, column: str) -> pa.Table:
+    """The training documents ``_sample`` leaves out, text only: unlabelled text of the same kind."""
+    from sklearn.model_selection import train_test_split
+
+    _, rest = train_test_split(list(range(len(table))), train_size=n, random_state=0,
+                               stratify=table.column(column).to_pylist())
+    return table.take(sorted(rest)).select(["text"])
 
 
 def _title(table: pa.Table) -> pa.Table:
@@ -73,34 +85,44 @@ SETTINGS: dict[str, tuple[str, Transform, Transform]] = {
     "reuters-titles": ("reuters21578", _title, _title),
     "20ng-subjects": ("20newsgroups", _subject, _subject),
 }
+# name: the setting it extends with the rest of its training split as --data.unlabeled (text only)
+UNLABELLED: dict[str, tuple[str, Callable[[pa.Table], pa.Table]]] = {
+    "imdb-1000-unlabelled": ("imdb-1000", lambda t: _rest(t, 1000, "label")),
+    "imdb-2000-unlabelled": ("imdb-2000", lambda t: _rest(t, 2000, "label")),
+    "20ng-2000-unlabelled": ("20ng-2000", lambda t: _rest(t, 2000, "label")),
+}
+SETTINGS |= {name: SETTINGS[base] for name, (base, _) in UNLABELLED.items()}
 # The order they run in: the settings where the baseline is hardest to beat (few labels, short texts) first.
-ORDER = ["imdb-1000", "reuters-titles", "20ng-subjects", "imdb-2000", "20ng-2000", "imdb-6400", "reuters-full",
-         "imdb-25000", "20ng-full"]
+ORDER = ["imdb-1000", "reuters-titles", "20ng-subjects", "imdb-2000", "20ng-2000", "imdb-1000-unlabelled",
+         "imdb-2000-unlabelled", "20ng-2000-unlabelled", "imdb-6400", "reuters-full", "imdb-25000", "20ng-full"]
 
 
-def setting_files(name: str, workdir: Path) -> tuple[Path, Path]:
-    """The setting's training and test files (Parquet, written once into workdir)."""
+def setting_files(name: str, workdir: Path) -> tuple[Path, Path, Path | None]:
+    """The setting's training, test and unlabelled files (Parquet, written once into workdir)."""
     folder, train_of, test_of = SETTINGS[name]
-    paths = []
-    for split, transform in (("train", train_of), ("test", test_of)):
+    base, rest_of = UNLABELLED.get(name, (name, None))
+    paths: list[Path | None] = []
+    for split, transform in (("train", train_of), ("test", test_of), ("unlabelled", rest_of)):
         if transform is None:  # the corpus's own file: its tokenisation cache serves every setting
-            paths.append(SHARED / folder / f"{split}.parquet")
+            paths.append(None if split == "unlabelled" else SHARED / folder / f"{split}.parquet")
             continue
-        path = workdir / f"{name}-{split}.parquet"
+        path = workdir / f"{base}-{split}.parquet"
+        source = SHARED / folder / f"{'test' if split == 'test' else 'train'}.parquet"
         if not path.is_file():
             workdir.mkdir(parents=True, exist_ok=True)
             columns = ["text", "labels" if folder == "reuters21578" else "label"]
-            pq.write_table(transform(pq.read_table(SHARED / folder / f"{split}.parquet", columns=columns)), path)
+            pq.write_table(transform(pq.read_table(source, columns=columns)), path)
         paths.append(path)
-    return paths[0], paths[1]
+    return paths[0], paths[1], paths[2]  # type: ignore[return-value]
 
 
 def command(name: str, vectors: str, workdir: Path, runs: Path) -> tuple[list[str], Path]:
-    train, test = setting_files(name, workdir)
+    train, test, unlabelled = setting_files(name, workdir)
     run = runs / f"{name}-{vectors}"
     label = ["--data.label_column", "labels"] if SETTINGS[name][0] == "reuters21578" else []
+    more = ["--data.unlabeled", str(unlabelled)] if unlabelled else []
     return [sys.executable, "-m", "training.cli", "fit", "--data.train", str(train), "--data.test", str(test),
-            *label, *VECTORS[vectors], "--trainer.default_root_dir", str(run), "--export.register", "false",
+            *label, *more, *VECTORS[vectors], "--trainer.default_root_dir", str(run), "--export.register", "false",
             "--trainer.enable_progress_bar", "false"], run
 
 
@@ -173,17 +195,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
 
-    lines = ["| setting | vectors | metric | HAN test | baseline test | HAN - baseline | HAN val | baseline val "
-             "| HAN share | HAN alone test | epochs | fit (s) | faithfulness (s, docs) |", "|" + " --- |" * 13]
+    def margin(x: float | None, base: float | None) -> str:
+        return "-" if x is None or base is None else f"{x - base:+.4f}"
+
+    lines = ["| setting | vectors | metric | model test | baseline test | model - baseline | HAN share "
+             "| HAN alone test | HAN alone - baseline | model val | baseline val | epochs | fit (s) "
+             "| faithfulness (s, docs) |",
+             "|" + " --- |" * 14]
     for r in rows:
-        diff = None if r["baseline_test"] is None else r["han_test"] - r["baseline_test"]
+        alone = r.get("han_alone_test", r["han_test"])
         share = (f"{r['faithfulness_s']:.0f}, {r['faithfulness_documents']}" if r["faithfulness_s"] is not None
                  else "-")
         lines.append(f"| {r['setting']} | {r['vectors']} | {r['metric']} | {f(r['han_test'])} "
-                     f"| {f(r['baseline_test'])} "
-                     f"| {'-' if diff is None else f'{diff:+.4f}'} | {f(r['han_validation'])} "
-                     f"| {f(r['baseline_validation'])} | {r.get('han_share', 1.0):.2f} "
-                     f"| {f(r.get('han_alone_test', r['han_test']))} | {f(r['epochs'])} "
+                     f"| {f(r['baseline_test'])} | {margin(r['han_test'], r['baseline_test'])} "
+                     f"| {r.get('han_share', 1.0):.2f} | {f(alone)} | {margin(alone, r['baseline_test'])} "
+                     f"| {f(r['han_validation'])} | {f(r['baseline_validation'])} | {f(r['epochs'])} "
                      f"| {'-' if r['fit_s'] is None else round(r['fit_s'])} | {share} |")
     return "\n".join(lines)
 
