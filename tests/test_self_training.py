@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from han import SavedModel
 from tests.test_training import REVIEWS, TOPICS, fit, rows
+from training.data import HANDataModule
+from training.self_training import TEACHER_SCORES
 
 NEW_WORD = "zorblaxian"  # only in the unlabelled text
 
@@ -41,6 +45,32 @@ def test_the_second_model_trains_on_the_teachers_most_confident_labels(tmp_path:
     # HAN averaged with its n-gram head where validation keeps the head
     assert teacher.metadata["baseline"]["training_documents"] == len(rows(REVIEWS))
     assert student.metadata["baseline"]["training_documents"] == len(rows(REVIEWS))
+    # soft targets (the default): the second fit learns the teacher's scores, not only its top label
+    scores = pq.read_table(root / "pseudo-labelled.parquet").column(TEACHER_SCORES).to_pylist()
+    assert all(abs(sum(s) - 1) < 1e-4 and len(s) == 2 for s in scores)
+    assert [teacher.labels[max(range(2), key=s.__getitem__)] for s in scores] == [r["label"] for r in pseudo]
+    config = yaml.safe_load(next((root / "csv").glob("version_*/config.yaml")).read_text())
+    data = HANDataModule(**config["data"])
+    data.setup()
+    targets = data.splits["train"].targets
+    assert targets.shape == (len(data.splits["train"]), 2) and data.pseudo_labelled_rows == 16
+    by_text = dict(zip([r["text"] for r in pseudo], scores, strict=True))
+    for text, row in zip(data.texts("train")[-16:], targets[-16:].tolist(), strict=True):
+        expected = [by_text[text][teacher.labels.index(name)] for name in data.label_names]
+        assert row == pytest.approx(expected, abs=1e-5)
+    assert set(targets[:-16].sum(1).tolist()) == {1.0} and set(targets[:-16].flatten().tolist()) == {0.0, 1.0}
+
+
+def test_hard_targets_write_the_top_label_alone_and_the_second_fit_gets_the_time_left(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = fit(tmp_path, "--data.unlabeled", str(unlabelled(tmp_path)), "--self_training.fraction", "0.25",
+               "--self_training.targets", "hard", "--trainer.max_time", "00:00:30:00")
+    assert pq.read_table(root / "pseudo-labelled.parquet").column_names == ["text", "label"]
+    assert (root / "model").is_dir() and not (root / "teacher" / "report" / "test").exists()  # the teacher skips test
+    left = int(re.search(r"the second fit has (\d+) s of trainer.max_time left", capsys.readouterr().err)[1])
+    assert 1000 < left < 1800
+    saved = yaml.safe_load(next((root / "csv").glob("version_*/config.yaml")).read_text())["trainer"]["max_time"]
+    assert saved == f"00:00:{left // 60:02d}:{left % 60:02d}"
 
 
 def test_without_unlabelled_text_one_model_is_trained(tmp_path: Path) -> None:
@@ -52,6 +82,7 @@ def test_without_unlabelled_text_one_model_is_trained(tmp_path: Path) -> None:
     ("overrides", "message"),
     [
         (["--self_training.fraction", "1.5"], "self_training.fraction must be between 0 and 1"),
+        (["--self_training.targets", "fuzzy"], "self_training.targets must be one of soft, hard"),
         (
             [
                 "--data.label_column",

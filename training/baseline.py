@@ -90,7 +90,10 @@ def labelled_training_split(data: Any) -> tuple[list[str], np.ndarray]:
     """The datamodule's training split without its pseudo-labelled rows (self-training appends them):
     the documents a human labelled, which the HAN also learns from."""
     human = len(data.splits["train"]) - getattr(data, "pseudo_labelled_rows", 0)
-    return data.texts("train")[:human], data.splits["train"].targets.numpy()[:human]
+    targets = data.splits["train"].targets[:human]
+    if targets.ndim > 1 and not data.multi_label:  # one-hot rows beside the teacher's soft ones
+        targets = targets.argmax(1)
+    return data.texts("train")[:human], targets.numpy()
 
 
 def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -> tuple[dict[str, Any], Baseline]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import pickle
 import re
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -97,10 +100,11 @@ def main(args: list[str] | None = None) -> None:
     apply_defaults()
     # Every usable core unless OMP_NUM_THREADS says otherwise; a fit then follows the free ones (training.threads).
     torch.set_num_threads(requested_threads())
+    started = time.monotonic()
     try:
         cli = _run(args)
         if cli.subcommand == "fit" and teaching(cli.config.fit):
-            _second_fit(cli, list(sys.argv[1:] if args is None else args))
+            _second_fit(cli, list(sys.argv[1:] if args is None else args), time.monotonic() - started)
     except pickle.UnpicklingError as e:  # Lightning loads --ckpt_path with weights_only=True: code never runs
         print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
@@ -116,18 +120,37 @@ def _run(args: list[str] | None) -> HANCLI:
                   auto_configure_optimizers=False)
 
 
-def _second_fit(teacher: HANCLI, args: list[str]) -> None:
-    """Self-training: the teacher's labels for the unlabelled text, then the fit that is exported."""
+def _second_fit(teacher: HANCLI, args: list[str], spent: float) -> None:
+    """Self-training: the teacher's labels for the unlabelled text, then the fit that is exported, in
+    what is left of ``trainer.max_time`` (the budget is the whole run's)."""
     config = teacher.config.fit
     teacher_root = Path(config.trainer.default_root_dir)
     if teacher.trainer.interrupted:
         return
+    started = time.monotonic()
     pseudo = teacher_root.parent / PSEUDO_FILE
     counts = pseudo_label(teacher_root / "model", config, pseudo)
     print(f"self-training: the first model labelled {counts['chosen']:,} of {counts['unlabeled']:,} unlabelled "
           f"documents for the second fit (lowest confidence kept {counts['min_confidence'] or 0:.3f}) -> {pseudo}",
           file=sys.stderr)
-    _run([*args, "--data.pseudo_labelled", str(pseudo), "--trainer.default_root_dir", str(teacher_root.parent)])
+    budget = []
+    if (total := _seconds(config.trainer.max_time)) is not None:
+        left = max(60, int(total - spent - (time.monotonic() - started)))
+        clock = f"{left // 86400:02d}:{left // 3600 % 24:02d}:{left // 60 % 60:02d}:{left % 60:02d}"
+        budget = ["--trainer.max_time", clock]
+        print(f"self-training: the second fit has {left} s of trainer.max_time left", file=sys.stderr)
+    _run([*args, "--data.pseudo_labelled", str(pseudo), "--trainer.default_root_dir", str(teacher_root.parent),
+          *budget])
+
+
+def _seconds(max_time: Any) -> float | None:
+    """``trainer.max_time`` (Lightning's "DD:HH:MM:SS", a dict of timedelta's arguments, or a timedelta) in seconds."""
+    if max_time is None:
+        return None
+    if isinstance(max_time, str):
+        days, hours, minutes, seconds = map(int, max_time.split(":"))
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+    return (max_time if isinstance(max_time, timedelta) else timedelta(**dict(max_time))).total_seconds()
 
 
 if __name__ == "__main__":

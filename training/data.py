@@ -20,6 +20,7 @@ from han.segment import SegmenterConfig, has_words
 from han.vocab import Vocabulary
 from training import tokenise
 from training.batches import EncodedDocuments, LabelledTexts, LengthBucketSampler, collate_examples
+from training.self_training import soft_targets
 from training.sources import DataError, load_source
 
 TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
@@ -181,6 +182,12 @@ class HANDataModule(pl.LightningDataModule):
         self._keys = {"train": train, "validation": val}
         self.vocab = Vocabulary.build(self._iter_keys(train), min_freq=hp.min_freq, max_size=hp.max_vocab)
         self.splits = {name: self._encode(name, ds) for name, ds in self._keys.items()}
+        if self.pseudo_labelled_rows and not self.multi_label:  # the teacher's scores, when it wrote them
+            rows = self.pseudo_labelled_rows
+            soft = soft_targets(hp.pseudo_labelled, train["text"][-rows:], hp.text_column, self.label_names)
+            if soft is not None:
+                human = torch.nn.functional.one_hot(self.splits["train"].targets[:-rows], len(self.label_names))
+                self.splits["train"].targets = torch.cat([human.float(), soft])
         if hp.test:
             self._keys["test"] = self._texts("test", hp.test, hp.max_eval_docs)
             self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"]))

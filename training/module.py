@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, EarlyStopping
+from pytorch_lightning.callbacks import Callback, EarlyStopping, Timer
 from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
@@ -22,6 +24,7 @@ from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
 from training.callbacks import EMA
+from training.pretrain import pretrain_word_encoder
 from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
 from training.word_vectors import AUTO, BUILD, word_vectors
@@ -30,6 +33,7 @@ from training.word_vectors import AUTO, BUILD, word_vectors
 # smoothly where accuracy moves by whole documents.
 PLATEAU_MONITOR = "val/loss"
 LR_HALVINGS = 4  # the plateau schedule stops at 1/16 of the peak rate
+PRETRAIN_BUDGET = 0.25  # of trainer.max_time, at most, for pre-training the word encoder
 # A lower validation loss counts only when it is this share below the best: an average of the weights
 # lowers it by thousandths an epoch long after accuracy has stopped moving.
 RELATIVE_GAIN = 0.005
@@ -101,6 +105,11 @@ class HANModule(pl.LightningModule):
         sentence_values: what the sentence attention averages into the document vector:
             ``contextual`` (the sentence BiGRU's states, as in Yang et al.) or ``own`` (each sentence's
             own vector, so that removing a sentence changes no other's; see ``han.HANConfig``).
+        pretrain_epochs: passes of the word encoder as two language models over the training and
+            unlabelled text before the labelled fit (``training.pretrain``); it then stays fixed, like
+            the vectors, for the first ``freeze_embeddings`` epochs. 0 or unset: none (han-train's
+            recipe chooses it for few labels without self-training). With ``trainer.max_time`` it
+            takes at most a quarter of it, and counts against it.
     """
 
     def __init__(
@@ -128,6 +137,7 @@ class HANModule(pl.LightningModule):
         word2vec_epochs: int | None = None,
         freeze_embeddings: int | None = None,
         sentence_values: Literal["contextual", "own"] = "contextual",
+        pretrain_epochs: int | None = None,
     ) -> None:
         super().__init__()
         self._stored = None
@@ -202,6 +212,19 @@ class HANModule(pl.LightningModule):
         if self._stored is not None:
             rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
             self._stored = None
+        elif self.hparams.pretrain_epochs:
+            self._pretrain(data)
+
+    def _pretrain(self, data: Any) -> None:
+        """The word encoder pre-trained within the fit's time budget: a quarter of ``trainer.max_time`` at
+        most, and the time it takes is the fit's (Lightning's Timer starts later, at the first epoch)."""
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        budget = timer.time_remaining() if timer is not None else None
+        started = time.monotonic()
+        deadline = started + PRETRAIN_BUDGET * budget if budget is not None else None
+        pretrain_word_encoder(self.net, data, self.hparams.pretrain_epochs, Path(data.hparams.cache_dir), deadline)
+        if timer is not None:
+            timer._offset += time.monotonic() - started  # Lightning's elapsed time (a resumed fit restores it)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint from before sentence_values existed was trained "contextual"; with equal hidden
@@ -212,7 +235,10 @@ class HANModule(pl.LightningModule):
                              f"{self.net.config.sentence_values} (set --model.sentence_values {stored})")
 
     def on_train_epoch_start(self) -> None:
-        self.net.embedding.weight.requires_grad_(self.current_epoch >= self.hparams.freeze_embeddings)
+        released = self.current_epoch >= self.hparams.freeze_embeddings
+        self.net.embedding.weight.requires_grad_(released)
+        if self.hparams.pretrain_epochs and not self.hparams.init_from:  # the pre-trained encoder too
+            self.net.word_rnn.requires_grad_(released)
 
     def on_train_epoch_end(self) -> None:
         # The plateau schedule also stops once it has halved the rate LR_HALVINGS times: the validation
@@ -235,7 +261,9 @@ class HANModule(pl.LightningModule):
         else:
             loss = self.loss_fn(logits, target)
         preds = torch.sigmoid(logits) if self.net.config.multi_label else logits.argmax(-1)
-        metric_target = target.long() if self.net.config.multi_label else target
+        # multi-label 0/1 rows as integers; self-training's soft rows (training.self_training) by their top label
+        multi_label = self.net.config.multi_label
+        metric_target = target.long() if multi_label else target.argmax(-1) if target.ndim > 1 else target
         metrics = getattr(self, f"{split}_metrics")
         metrics.update(preds, metric_target)
         size = target.shape[0]

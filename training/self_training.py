@@ -1,7 +1,9 @@
 """Self-training: with few labels and more unlabelled text, a first model (the teacher), trained on
 the labels, labels the unlabelled text (the HAN averaged with its n-gram head, if validation keeps it);
-a second model trains on the labels plus the teacher's most confident labels, balanced across classes,
-and is the one exported.
+a second model trains on the labels plus the teacher's most confident documents, balanced across
+classes, and is the one exported. With ``targets: soft`` (the default) the second model learns the
+teacher's scores over every label for those documents (distillation, Hinton et al. 2015) rather than
+its top label alone: what the teacher is unsure of stays unsure.
 
 ``han-train fit`` runs both when ``self_training.fraction`` is above 0 and ``data.unlabeled`` is set:
 the teacher's run goes to ``<run>/teacher`` (exported there, not registered), its labels to
@@ -11,17 +13,22 @@ the threshold and the test report see human labels only (``data.pseudo_labelled`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from han import DocumentResult, Pipeline, SavedModel
 from training.sources import DataError, load_source
 
 PSEUDO_FILE = "pseudo-labelled.parquet"
+TEACHER_SCORES = "teacher_scores"  # the column of the teacher's scores (label order: TEACHER_LABELS)
+TEACHER_LABELS = b"teacher_labels"  # Parquet metadata: the labels, in the order of those scores
+TARGETS = ("soft", "hard")
 POOL = 4  # the teacher labels at most POOL * max_documents unlabelled documents
 
 
@@ -31,28 +38,35 @@ class SelfTraining:
     Args:
         fraction: the share of the unlabelled documents the teacher labels for the second fit, as an
             equal quota per class (``fraction * documents / classes``, the most confident first); 0
-            (the default) trains one model only.
+            trains one model only. Unset, the recipe's choice: 1 for single-label data with unlabelled
+            text and under 3,000 labelled documents (training.recipe.FEW_LABELS), else 0.
         max_documents: at most this many pseudo-labelled documents in all (the second fit's time
             grows with them); the teacher labels at most four times as many, a seeded sample.
+        targets: what the second model learns for those documents: ``soft``, the teacher's scores over
+            every label, or ``hard``, its top label.
     """
 
-    def __init__(self, fraction: float = 0.0, max_documents: int = 6000) -> None:
-        if not 0 <= fraction <= 1:
+    def __init__(self, fraction: float | None = None, max_documents: int = 6000, targets: str = "soft") -> None:
+        if fraction is not None and not 0 <= fraction <= 1:
             raise ValueError(f"self_training.fraction must be between 0 and 1, not {fraction}")
         if max_documents < 1:
             raise ValueError(f"self_training.max_documents must be at least 1, not {max_documents}")
+        if targets not in TARGETS:
+            raise ValueError(f"self_training.targets must be one of {', '.join(TARGETS)}, not {targets!r}")
         self.fraction = fraction
         self.max_documents = max_documents
+        self.targets = targets
 
 
 def teaching(config: Any) -> bool:
     """Whether this ``fit`` config is a self-training run's first (teacher) fit."""
-    return bool(config.self_training.fraction > 0 and config.data.unlabeled and not config.data.pseudo_labelled)
+    return bool((config.self_training.fraction or 0) > 0 and config.data.unlabeled and not config.data.pseudo_labelled)
 
 
 def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
     """Label ``data.unlabeled`` with the teacher in ``model_dir`` (the inference pipeline) and write the
-    chosen documents to ``out`` (Parquet, the data's text and label columns); returns counts."""
+    chosen documents to ``out`` (Parquet, the data's text and label columns, and with soft targets the
+    teacher's scores); returns counts."""
     data, settings = config.data, config.self_training
     raw = load_source(data.unlabeled)
     if data.text_column not in raw.column_names:
@@ -75,9 +89,11 @@ def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
         chosen += members[np.argsort(-confidence[members], kind="stable")][:quota].tolist()
     chosen.sort()
     rows = [scored[k][0] for k in chosen]
-    table = pa.table(
-        {data.text_column: [texts[i] for i in rows], data.label_column: [labels[predicted[k]] for k in chosen]}
-    )
+    columns = {data.text_column: [texts[i] for i in rows], data.label_column: [labels[predicted[k]] for k in chosen]}
+    if settings.targets == "soft":
+        columns[TEACHER_SCORES] = pa.array([[scored[k][1].scores[name] for name in labels] for k in chosen],
+                                           pa.list_(pa.float32()))
+    table = pa.table(columns).replace_schema_metadata({TEACHER_LABELS: json.dumps(labels).encode()})
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
     return {
@@ -85,3 +101,16 @@ def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
         "chosen": len(chosen),
         "min_confidence": float(confidence[chosen].min()) if chosen else None,
     }
+
+
+def soft_targets(source: str, texts: list[str], text_column: str, labels: list[str]) -> torch.Tensor | None:
+    """The teacher's scores for ``texts`` (rows of the pseudo-labelled file ``source``), as probability
+    rows over ``labels``; None when the file holds top labels only."""
+    table = pq.read_table(source)
+    if TEACHER_SCORES not in table.column_names:
+        return None
+    teacher = json.loads((table.schema.metadata or {})[TEACHER_LABELS])
+    scores = dict(zip(table.column(text_column).to_pylist(), table.column(TEACHER_SCORES).to_pylist(), strict=True))
+    order = [teacher.index(name) for name in labels]
+    rows = torch.tensor([scores[t] for t in texts], dtype=torch.float32)[:, order]
+    return rows / rows.sum(1, keepdim=True)  # an averaged model's scores sum to 1 up to rounding
