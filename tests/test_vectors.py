@@ -296,8 +296,9 @@ def test_unlabelled_text_changes_the_built_vectors_and_a_rerun_hits_the_cache(tm
     stamp = first[0].stat().st_mtime_ns
     fit(tmp_path, "--model.embeddings", "word2vec")
     assert sorted(cache.glob("word2vec-*.npy")) == first and first[0].stat().st_mtime_ns == stamp, "reused"
+    topics = str(REPO / "data" / "fixtures" / "topics.jsonl")
     fit(
-        tmp_path, "--model.embeddings", "word2vec", "--data.unlabeled", str(REPO / "data" / "fixtures" / "topics.jsonl"),
+        tmp_path, "--model.embeddings", "word2vec", "--data.unlabeled", topics,
         "--self_training.fraction", "0",  # the vectors are what is measured: one fit, not self-training's two
     )
     built = sorted(cache.glob("word2vec-*.npy"))
