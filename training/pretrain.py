@@ -55,22 +55,10 @@ class _LanguageModels(nn.Module):
 
 
 def _sentences(data: Any) -> list[np.ndarray]:
-    """Every sentence (word ids) of the training split and the unlabelled text, two words or more
-    (self-training's pseudo-labelled documents are already in the unlabelled text)."""
-    documents = data.splits["train"].documents
-    documents = documents[: len(documents) - data.pseudo_labelled_rows]
-    out = [ids[start:end] for ids, lengths in documents for start, end in _bounds(lengths)]
-    unlabeled = data.unlabeled_keys()
-    if unlabeled is not None:
-        encode = data.vocab.encode
-        for batch in unlabeled.select_columns(["keys"]).iter(batch_size=2000):
-            out += [np.asarray(encode(sentence), dtype=np.int64) for keys in batch["keys"] for sentence in keys]
-    return [s for s in out if len(s) >= 2]
-
-
-def _bounds(lengths: np.ndarray) -> list[tuple[int, int]]:
-    ends = np.cumsum(lengths)
-    return list(zip((ends - lengths).tolist(), ends.tolist(), strict=True))
+    """The sentences word2vec reads (the training split's, then the unlabelled text's) as word ids,
+    two words or more."""
+    encode = data.vocab.encode
+    return [ids for ids in (np.asarray(encode(s), dtype=np.int64) for s in data.sentences()) if len(ids) >= 2]
 
 
 def _batches(sentences: list[np.ndarray], rng: np.random.Generator) -> list[list[int]]:
@@ -130,36 +118,32 @@ def pretrain_word_encoder(net: HAN, data: Any, epochs: int, cache_dir: Path, dea
     rnn = net.word_rnn
     optimizer = torch.optim.Adam([*rnn.parameters(), *lm.parameters()], lr=lr)
     rng = np.random.default_rng(data.hparams.seed)
-    batches = [_batches(sentences, rng) for _ in range(epochs)]
-    total = sum(len(b) for b in batches)
+    batches = [batch for _ in range(epochs) for batch in _batches(sentences, rng)]  # every pass, in order
+    total = len(batches)
     warm = max(1, total // 10)  # a tenth of the steps warming up, then down linearly
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warm) * max(0.05, 1 - s / total))
     rank_zero_info(f"pre-training the word encoder: {epochs} passes over {len(sentences):,} sentences "
                    f"({words:,} words) of the training and unlabelled text")
     losses: list[float] = []
-    stopped = False
     with Step("pre-training the word encoder", total, unit="batches") as step:
-        for epoch_batches in batches:
-            for batch in epoch_batches:
-                chosen = [sentences[i] for i in batch]
-                loss = 0.0
-                for rnn_direction, out, reverse in ((rnn.forward_rnn, lm.forward_out, False),
-                                                    (rnn.backward_rnn, lm.backward_out, True)):
-                    ids, lengths = _padded(chosen, reverse)
-                    loss = loss + _direction_loss(rnn_direction, out, lm, vectors, ids, lengths)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_([*rnn.parameters(), *lm.parameters()], 1.0)
-                optimizer.step()
-                schedule.step()
-                losses.append(float(loss) / 2)
-                step.update(1)
-                if deadline is not None and time.monotonic() > deadline:
-                    stopped = True
-                    break
-            if stopped:
+        for batch in batches:
+            chosen = [sentences[i] for i in batch]
+            loss = 0.0
+            for direction, out, reverse in ((rnn.forward_rnn, lm.forward_out, False),
+                                            (rnn.backward_rnn, lm.backward_out, True)):
+                ids, lengths = _padded(chosen, reverse)
+                loss = loss + _direction_loss(direction, out, lm, vectors, ids, lengths)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_([*rnn.parameters(), *lm.parameters()], 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(float(loss) / 2)
+            step.update(1)
+            if deadline is not None and time.monotonic() > deadline:
                 break
+    stopped = len(losses) < total
     first, last = np.mean(losses[: max(1, len(losses) // 20)]), np.mean(losses[-max(1, len(losses) // 20):])
     rank_zero_info(f"pre-trained word encoder: sampled-softmax loss {first:.2f} -> {last:.2f} over {len(losses)} "
                    f"batches" + (" (stopped by the time budget)" if stopped else ""))
