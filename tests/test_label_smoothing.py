@@ -1,4 +1,5 @@
-"""Label smoothing: the training loss against smoothed targets, and a real fit with it on the fixture."""
+"""Label smoothing: the training loss against smoothed targets, and a real fit with it (and the sentence-focus
+penalty) on the fixture."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from training.module import HANModule
 SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
 
 
-def test_a_fit_with_label_smoothing_exports_a_model_that_predicts(tmp_path: Path) -> None:
+def test_a_fit_with_label_smoothing_and_sentence_focus_exports_a_model_that_predicts(tmp_path: Path) -> None:
     root = tmp_path / "run"
     main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
-          str(tmp_path / "cache"), "--model.label_smoothing", "0.1", "--export.faithfulness", "0"])
+          str(tmp_path / "cache"), "--model.label_smoothing", "0.1", "--model.sentence_focus", "0.5",
+          "--export.faithfulness", "0"])
     saved = SavedModel.load(root / "model")
     (result,) = Pipeline(saved)(["A wonderful film. Superb acting, I loved it."])
     assert result.label == "pos"
+    (metrics,) = (root / "csv").rglob("metrics.csv")
+    assert "train/sentence_entropy" in metrics.read_text().splitlines()[0]  # the penalty was in the loss
 
 
 def test_a_model_directory_with_the_removed_nb_features_setting_is_refused_in_one_line() -> None:

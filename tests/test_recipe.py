@@ -35,6 +35,8 @@ def test_training_length_scales_with_the_data() -> None:
     assert large["model.word2vec_epochs"] == 5 and small["model.word2vec_epochs"] == 30
     assert choose(_profile(5_000))["model.word2vec_epochs"] == 20  # a million words: reuters.yaml's 20
     assert small["model.patience"] > large["model.patience"]
+    # Few labels: adversarial word vectors (training.adversarial); not worth a step's double cost on many.
+    assert small["model.adversarial"] > 0 and large["model.adversarial"] == 0
 
 
 def test_task_and_length_rules() -> None:
@@ -153,6 +155,10 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     hp = metadata["hyperparameters"]
     assert hp["dropout"] == 0.25 and hp["patience"] == 2 and hp["freeze_embeddings"] == 8
     assert hp["scheduler"] == "plateau" and hp["ema"] > 0
+    # few labels: the adversarial word vectors' loss was learnt from (training.adversarial)
+    assert "model.adversarial=0.02" in chosen and hp["adversarial"] == 0.02
+    (metrics,) = (run / "csv").rglob("metrics.csv")
+    assert "train/adversarial_loss" in metrics.read_text().splitlines()[0]
     # Stopped by the validation loss before the budget of 100 epochs (not before min_epochs, 50 here).
     assert 49 <= metadata["epochs"] < 99
     # test on the best checkpoint: the recipe's model (EMA, plateau) rebuilt from its hyperparameters.
@@ -221,9 +227,10 @@ def test_unlabelled_text_with_few_labels_turns_self_training_on_and_says_what_it
     assert "  fraction: 1.0  # recipe\n" in out and "targets: soft\n" in out
     assert "# recipe (training/recipe.py)" in out and "a fit on the labels alone" in out
     assert "your 32 unlabelled documents" in out and "advice: few labelled" not in out
-    assert "  pretrain_epochs: 0  # recipe\n" in out  # self-training reads the text instead
-    out = printed()  # nothing to read: one fit, its word encoder pre-trained on the labelled text
-    assert "  fraction: 0.0  # recipe\n" in out and "  pretrain_epochs: 10  # recipe\n" in out
+    assert "  adversarial: 0.0  # recipe\n" in out  # measured without it
+    out = printed()  # nothing to read: one fit, with adversarial word vectors
+    assert "  fraction: 0.0  # recipe\n" in out and "  adversarial: 0.02  # recipe\n" in out
+    assert "  pretrain_epochs: 0  # recipe\n" in out
     out = printed("--data.unlabeled", str(extra), "--self_training.fraction", "0")  # the user's
     assert "  fraction: 0.0\n" in out and "# recipe" not in out.split("self_training:")[1] and "x a fit" not in out
 

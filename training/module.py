@@ -23,6 +23,7 @@ from han.batch import Batch
 from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
+from training import adversarial
 from training.callbacks import EMA
 from training.pretrain import pretrain_word_encoder
 from training.threads import thread_callbacks
@@ -108,8 +109,16 @@ class HANModule(pl.LightningModule):
         pretrain_epochs: passes of the word encoder as two language models over the training and
             unlabelled text before the labelled fit (``training.pretrain``); it then stays fixed, like
             the vectors, for the first ``freeze_embeddings`` epochs. 0 or unset: none (han-train's
-            recipe chooses it for few labels without self-training). With ``trainer.max_time`` it
-            takes at most a quarter of it, and counts against it.
+            recipe leaves it off: ``adversarial`` did as well without it). With ``trainer.max_time``
+            it takes at most a quarter of it, and counts against it.
+        sentence_focus: weight of a penalty on the sentence attention's entropy (as a share of its
+            largest, log n) while training; 0 disables. Unpenalised, the attention over sentences
+            stays nearly flat and a document's label rests on all of its sentences, so the top one
+            explains little of it; the penalty makes the label rest on the sentences attention shows,
+            at a cost in accuracy (docs/explanations.md).
+        adversarial: also learn from each batch with its word vectors moved this share of their size
+            in the direction that raises the loss most (``training.adversarial``; Miyato et al. 2017);
+            0 or unset: not (han-train's recipe chooses it for few labels). A step then costs about two.
     """
 
     def __init__(
@@ -138,6 +147,8 @@ class HANModule(pl.LightningModule):
         freeze_embeddings: int | None = None,
         sentence_values: Literal["contextual", "own"] = "contextual",
         pretrain_epochs: int | None = None,
+        sentence_focus: float = 0.0,
+        adversarial: float | None = None,
     ) -> None:
         super().__init__()
         self._stored = None
@@ -153,6 +164,9 @@ class HANModule(pl.LightningModule):
                                    ("patience", patience, 1), ("warmup_steps", warmup_steps, 0)):
             if value is not None and value < least:
                 raise ValueError(f"model.{name} must be at least {least}, not {value}")
+        for name, value in (("sentence_focus", sentence_focus), ("adversarial", adversarial)):
+            if value is not None and value < 0:
+                raise ValueError(f"model.{name} must be at least 0, not {value}")
         for name, value in (("dropout", dropout), ("word_dropout", word_dropout), ("ema", ema),
                             ("label_smoothing", label_smoothing)):
             if value is not None and not 0 <= value < 1:
@@ -252,14 +266,24 @@ class HANModule(pl.LightningModule):
     def forward(self, batch: Batch) -> Tensor:
         return self.net(*batch).logits
 
-    def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
-        inputs, target = batch
-        logits = self(inputs)
+    def _loss(self, inputs: Batch, target: Tensor, split: str) -> tuple[Tensor, Tensor]:
+        """The batch's loss (with the sentence-focus penalty while training) and its logits."""
+        output = self.net(*inputs)
+        logits = output.logits
         smoothing = self.hparams.label_smoothing
         if self.net.config.multi_label and smoothing and split == "train":
             loss = self.loss_fn(logits, target * (1 - smoothing) + smoothing / 2)
         else:
             loss = self.loss_fn(logits, target)
+        if split == "train" and self.hparams.sentence_focus:
+            entropy = sentence_entropy(output.sentence_weights, inputs[2])
+            self.log("train/sentence_entropy", entropy, on_step=False, on_epoch=True, batch_size=target.shape[0])
+            loss = loss + self.hparams.sentence_focus * entropy
+        return loss, logits
+
+    def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
+        inputs, target = batch
+        loss, logits = self._loss(inputs, target, split)
         preds = torch.sigmoid(logits) if self.net.config.multi_label else logits.argmax(-1)
         # multi-label 0/1 rows as integers; self-training's soft rows (training.self_training) by their top label
         multi_label = self.net.config.multi_label
@@ -273,7 +297,15 @@ class HANModule(pl.LightningModule):
         return loss
 
     def training_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
+        if not self.hparams.adversarial:
+            return self._step(batch, "train")
+        with adversarial.watched(self.net.embedding) as seen:
+            loss = self._step(batch, "train")
+        ids, moves = adversarial.direction(loss, seen, self.hparams.adversarial)
+        with adversarial.moved(self.net.embedding, ids, moves):
+            moved_loss, _ = self._loss(*batch, "train")
+        self.log("train/adversarial_loss", moved_loss, on_step=False, on_epoch=True, batch_size=batch[1].shape[0])
+        return loss + moved_loss
 
     def validation_step(self, batch: tuple[Batch, Tensor], batch_idx: int) -> None:
         self._step(batch, "val")
@@ -341,3 +373,14 @@ class HANModule(pl.LightningModule):
         clip = gradient_clip_val if gradient_clip_val is not None else self.hparams.grad_clip
         if clip:
             self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+
+
+def sentence_entropy(weights: Tensor, document_lengths: Tensor) -> Tensor:
+    """The sentence attention's entropy as a share of its largest (log n), averaged over the documents of
+    more than one sentence (0 when there are none): 1 is a flat attention, 0 all on one sentence."""
+    several = document_lengths > 1
+    if not several.any():
+        return weights.new_zeros(())
+    w = weights[several]
+    entropy = -(w * torch.log(w.clamp_min(1e-12))).sum(-1)
+    return (entropy / torch.log(document_lengths[several].to(w.dtype))).mean()
