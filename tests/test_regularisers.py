@@ -39,13 +39,14 @@ def test_the_adversarial_move_raises_the_loss_and_leaves_other_words_alone() -> 
     assert not net.embedding._forward_hooks  # the hooks go when the blocks end
 
 
-def test_the_adversarial_step_trains_fixed_vectors_too() -> None:
+def test_fixed_vectors_get_a_direction_too_and_a_word_looked_up_twice_one_move() -> None:
     net, batch, target = _net_and_batch()
     net.embedding.weight.requires_grad_(False)  # the first epochs' fixed vectors
     with adversarial.watched(net.embedding) as seen:
         loss = torch.nn.functional.cross_entropy(net(*batch).logits, target)
-    _, moves = adversarial.direction(loss, seen, 0.02)
-    assert moves.abs().sum() > 0
+        loss = loss + 1e-3 * net.embedding(torch.tensor([3, 4])).pow(2).sum()  # a second lookup of two of its words
+    ids, moves = adversarial.direction(loss, seen, 0.02)
+    assert moves.abs().sum() > 0 and torch.equal(ids, torch.unique(ids)) and len(ids) == 14
 
 
 def test_sentence_entropy_is_a_share_of_its_largest() -> None:

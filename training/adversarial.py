@@ -43,19 +43,22 @@ def watched(embedding: nn.Embedding) -> Iterator[Seen]:
 
 
 def direction(loss: Tensor, seen: Seen, epsilon: float) -> tuple[Tensor, Tensor]:
-    """(word ids, moves): each looked-up word's move, the loss's gradient scaled so that the moves' root
-    mean square is ``epsilon`` times the vectors' (the words that sway the loss most move most)."""
-    ids, vectors = torch.cat(seen.ids), torch.cat(seen.vectors)
-    gradient = torch.cat(torch.autograd.grad(loss, seen.vectors, retain_graph=True))
-    scale = epsilon * vectors.detach().pow(2).mean().sqrt() / gradient.pow(2).mean().sqrt().clamp_min(1e-12)
-    return ids, (gradient * scale).detach()
+    """(distinct word ids, moves): each looked-up word's move, the loss's gradient (summed over a word's
+    lookups) scaled so that the moves' root mean square is ``epsilon`` times the vectors' (the words
+    that sway the loss most move most). Computed in float32 whatever the vectors' precision."""
+    vectors = torch.cat(seen.vectors).detach().float()
+    gradient = torch.cat(torch.autograd.grad(loss, seen.vectors, retain_graph=True)).float()
+    ids, index = torch.unique(torch.cat(seen.ids), return_inverse=True)
+    gradient = gradient.new_zeros(len(ids), gradient.shape[-1]).index_add(0, index, gradient)
+    scale = epsilon * vectors.pow(2).mean().sqrt() / gradient.pow(2).mean().sqrt().clamp_min(1e-12)
+    return ids, (gradient * scale).to(seen.vectors[0].dtype)
 
 
 @contextmanager
 def moved(embedding: nn.Embedding, ids: Tensor, moves: Tensor) -> Iterator[None]:
-    """``embedding`` returns each of ``ids``' vectors plus its move while open (other words unmoved)."""
-    order = torch.argsort(ids)
-    sorted_ids, sorted_moves = ids[order], moves[order]
+    """``embedding`` returns each of ``ids``' vectors (distinct, sorted: ``direction``'s) plus its move
+    while open (other words unmoved)."""
+    sorted_ids, sorted_moves = ids, moves
 
     def hook(module: nn.Module, inputs: tuple[Tensor], output: Tensor) -> Tensor:
         looked_up = inputs[0]

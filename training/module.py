@@ -116,9 +116,10 @@ class HANModule(pl.LightningModule):
             stays nearly flat and a document's label rests on all of its sentences, so the top one
             explains little of it; the penalty makes the label rest on the sentences attention shows,
             at a cost in accuracy (docs/explanations.md).
-        adversarial: also learn from each batch with its word vectors moved this share of their size
-            in the direction that raises the loss most (``training.adversarial``; Miyato et al. 2017);
-            0 or unset: not (han-train's recipe chooses it for few labels). A step then costs about two.
+        adversarial: also learn from each batch with its word vectors moved in the direction that
+            raises the loss most, the moves' root mean square this share of the vectors'
+            (``training.adversarial``; Miyato et al. 2017); the two losses are summed. 0 or unset:
+            not (han-train's recipe chooses it for few labels). A step then costs about two.
     """
 
     def __init__(
@@ -266,8 +267,9 @@ class HANModule(pl.LightningModule):
     def forward(self, batch: Batch) -> Tensor:
         return self.net(*batch).logits
 
-    def _loss(self, inputs: Batch, target: Tensor, split: str) -> tuple[Tensor, Tensor]:
-        """The batch's loss (with the sentence-focus penalty while training) and its logits."""
+    def _loss(self, inputs: Batch, target: Tensor, split: str, focus: bool = True) -> tuple[Tensor, Tensor]:
+        """The batch's loss (with the sentence-focus penalty while training, unless ``focus`` is False)
+        and its logits."""
         output = self.net(*inputs)
         logits = output.logits
         smoothing = self.hparams.label_smoothing
@@ -275,7 +277,7 @@ class HANModule(pl.LightningModule):
             loss = self.loss_fn(logits, target * (1 - smoothing) + smoothing / 2)
         else:
             loss = self.loss_fn(logits, target)
-        if split == "train" and self.hparams.sentence_focus:
+        if split == "train" and focus and self.hparams.sentence_focus:
             entropy = sentence_entropy(output.sentence_weights, inputs[2])
             self.log("train/sentence_entropy", entropy, on_step=False, on_epoch=True, batch_size=target.shape[0])
             loss = loss + self.hparams.sentence_focus * entropy
@@ -303,7 +305,7 @@ class HANModule(pl.LightningModule):
             loss = self._step(batch, "train")
         ids, moves = adversarial.direction(loss, seen, self.hparams.adversarial)
         with adversarial.moved(self.net.embedding, ids, moves):
-            moved_loss, _ = self._loss(*batch, "train")
+            moved_loss, _ = self._loss(*batch, "train", focus=False)  # the penalty counts once
         self.log("train/adversarial_loss", moved_loss, on_step=False, on_epoch=True, batch_size=batch[1].shape[0])
         return loss + moved_loss
 

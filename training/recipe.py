@@ -99,7 +99,8 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
         # Few labels: each step also learns from adversarially moved word vectors (training.adversarial),
         # at twice its cost. On the suite's three few-label validation splits the HAN alone got 435 of
         # 500 right against 421 without it, and the same 435 with the word encoder pre-trained too
-        # (training.pretrain), the model 456 against 450 for both: pre-training is left to the user.
+        # (training.pretrain); the model 456 against 450 in each of the other two: the recipe leaves the
+        # pre-training off (docs/experiments.md).
         "model.adversarial": ADVERSARIAL if p.few_labels else 0.0,
         "model.pretrain_epochs": 0,
         # A moving average of the weights over about two epochs (at most 1,000 steps): the validation
