@@ -58,13 +58,12 @@ def direction(loss: Tensor, seen: Seen, epsilon: float) -> tuple[Tensor, Tensor]
 def moved(embedding: nn.Embedding, ids: Tensor, moves: Tensor) -> Iterator[None]:
     """``embedding`` returns each of ``ids``' vectors (distinct, sorted: ``direction``'s) plus its move
     while open (other words unmoved)."""
-    sorted_ids, sorted_moves = ids, moves
 
     def hook(module: nn.Module, inputs: tuple[Tensor], output: Tensor) -> Tensor:
         looked_up = inputs[0]
-        at = torch.searchsorted(sorted_ids, looked_up).clamp_max(len(sorted_ids) - 1)
-        found = (sorted_ids[at] == looked_up).unsqueeze(-1)
-        return output + torch.where(found, sorted_moves[at], torch.zeros_like(output))
+        at = torch.searchsorted(ids, looked_up).clamp_max(len(ids) - 1)
+        found = (ids[at] == looked_up).unsqueeze(-1)
+        return output + torch.where(found, moves[at], torch.zeros_like(output))
 
     handle = embedding.register_forward_hook(hook)
     try:

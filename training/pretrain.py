@@ -96,7 +96,7 @@ def _padded(sentences: list[np.ndarray], reverse: bool) -> tuple[Tensor, Tensor]
 
 def cache_key(data: Any, epochs: int, net: HAN) -> str:
     payload = [VERSION, epochs, sorted(data.cache_keys.items()), len(data.vocab), net.config.embed_dim,
-               net.config.word_hidden, data.hparams.seed, float(net.embedding.weight.sum())]
+               net.config.word_hidden, data.hparams.seed, float(net.embedding.weight.detach().sum())]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
