@@ -139,7 +139,7 @@ def pretrain_word_encoder(net: HAN, data: Any, epochs: int, cache_dir: Path, dea
             nn.utils.clip_grad_norm_([*rnn.parameters(), *lm.parameters()], 1.0)
             optimizer.step()
             schedule.step()
-            losses.append(float(loss) / 2)
+            losses.append(loss.item() / 2)
             step.update(1)
             if deadline is not None and time.monotonic() > deadline:
                 break
