@@ -72,6 +72,10 @@ class HANOutput(NamedTuple):
     logits: Tensor  # [docs, num_labels]
     word_weights: Tensor  # [docs, max_sentences, max_words]; 0 on padding
     sentence_weights: Tensor  # [docs, max_sentences]; 0 on padding
+    # While training only: the head applied to each sentence's value alone [docs, max_sentences,
+    # num_labels], what each sentence says by itself (with "own" values the logits are their
+    # attention-weighted sum); read by training's sentence-evidence loss.
+    sentence_logits: Tensor | None = None
 
 
 class HAN(nn.Module):
@@ -95,8 +99,10 @@ class HAN(nn.Module):
             dropped = torch.rand(words.shape, device=words.device) < self.config.word_dropout
             words = torch.where(dropped & (words != 0), torch.ones_like(words), words)  # 1 = <unk>
         vectors, word_weights = self.sentence_vectors(words, sentence_lengths)
-        logits, sentence_weights = self.classify(to_documents(vectors, document_lengths), document_lengths)
-        return HANOutput(logits, to_documents(word_weights, document_lengths), sentence_weights)
+        logits, sentence_weights, values = self._document_level(to_documents(vectors, document_lengths),
+                                                                document_lengths)
+        sentence_logits = to_documents(self.head(values), document_lengths) if self.training else None
+        return HANOutput(logits, to_documents(word_weights, document_lengths), sentence_weights, sentence_logits)
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """The word level: each sentence's words embedded, read both ways by the word BiGRU and averaged
@@ -113,12 +119,17 @@ class HAN(nn.Module):
         """The document level: sentence vectors grouped per document [docs, max_sentences, 2*word_hidden]
         read by the sentence BiGRU and averaged by the sentence attention -> logits and sentence weights
         (word occlusion reruns only this part)."""
+        logits, sentence_weights, _ = self._document_level(grouped, document_lengths)
+        return logits, sentence_weights
+
+    def _document_level(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``classify``, with the values the sentence attention averaged (flat, [sentences, dim])."""
         mask = _mask(document_lengths, grouped.shape[1])
         grouped = grouped[mask]  # flat: the real sentences only (see BiGRU.forward)
         g = self.sentence_rnn(grouped, document_lengths)
-        values = grouped if self.config.sentence_values == "own" else None
+        values = grouped if self.config.sentence_values == "own" else g
         document_vectors, sentence_weights = self.sentence_attention(g, mask, values)
-        return self.head(self.dropout(document_vectors)), sentence_weights
+        return self.head(self.dropout(document_vectors)), sentence_weights, values
 
     def embed(self, ids: Tensor) -> Tensor:
         """The word encoder's input for word ids (what integrated gradients interpolates)."""

@@ -1,5 +1,5 @@
-"""Label smoothing: the training loss against smoothed targets, and a real fit with it (and the sentence-focus
-penalty) on the fixture."""
+"""Label smoothing: the training loss against smoothed targets, and a real fit with it (and the sentence
+attention's two losses) on the fixture."""
 
 from __future__ import annotations
 
@@ -16,16 +16,18 @@ from training.module import HANModule
 SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
 
 
-def test_a_fit_with_label_smoothing_and_sentence_focus_exports_a_model_that_predicts(tmp_path: Path) -> None:
+def test_a_fit_with_label_smoothing_and_the_attention_losses_exports_a_model_that_predicts(tmp_path: Path) -> None:
     root = tmp_path / "run"
     main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
           str(tmp_path / "cache"), "--model.label_smoothing", "0.1", "--model.sentence_focus", "0.5",
-          "--export.faithfulness", "0"])
+          "--model.sentence_evidence", "0.5", "--model.sentence_values", "own", "--export.faithfulness", "0"])
     saved = SavedModel.load(root / "model")
     (result,) = Pipeline(saved)(["A wonderful film. Superb acting, I loved it."])
     assert result.label == "pos"
     (metrics,) = (root / "csv").rglob("metrics.csv")
-    assert "train/sentence_entropy" in metrics.read_text().splitlines()[0]  # the penalty was in the loss
+    columns = metrics.read_text().splitlines()[0].split(",")
+    assert {"train/sentence_entropy", "train/sentence_evidence"} <= set(columns)  # both were in the loss
+    assert saved.model.config.sentence_values == "own"
 
 
 def test_a_model_directory_with_the_removed_nb_features_setting_is_refused_in_one_line() -> None:

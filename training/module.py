@@ -24,6 +24,7 @@ from han.model import HAN, HANConfig
 from han.pipeline import Pipeline
 from han.results import DocumentError, DocumentResult
 from training import adversarial
+from training.attention_losses import sentence_entropy, sentence_evidence
 from training.callbacks import EMA
 from training.pretrain import pretrain_word_encoder
 from training.threads import thread_callbacks
@@ -115,7 +116,11 @@ class HANModule(pl.LightningModule):
             largest, log n) while training; 0 disables. Unpenalised, the attention over sentences
             stays nearly flat and a document's label rests on all of its sentences, so the top one
             explains little of it; the penalty makes the label rest on the sentences attention shows,
-            at a cost in accuracy (docs/explanations.md).
+            at a cost in accuracy (docs/explanations.md; ``training.attention_losses``).
+        sentence_evidence: weight of a loss that teaches the sentence attention to put its weight on
+            each document's most telling sentence, the one whose value alone best predicts the label
+            (``training.attention_losses``); 0 disables. ``imdb_quick.yaml`` uses 0.1 with ``own``
+            sentence values, where attention's top sentence then carries far more of the label.
         adversarial: also learn from each batch with its word vectors moved in the direction that
             raises the loss most, the moves' root mean square this share of the vectors'
             (``training.adversarial``; Miyato et al. 2017); the two losses are summed. 0 or unset:
@@ -150,6 +155,7 @@ class HANModule(pl.LightningModule):
         pretrain_epochs: int | None = None,
         sentence_focus: float = 0.0,
         adversarial: float | None = None,
+        sentence_evidence: float = 0.0,
     ) -> None:
         super().__init__()
         self._stored = None
@@ -165,7 +171,8 @@ class HANModule(pl.LightningModule):
                                    ("patience", patience, 1), ("warmup_steps", warmup_steps, 0)):
             if value is not None and value < least:
                 raise ValueError(f"model.{name} must be at least {least}, not {value}")
-        for name, value in (("sentence_focus", sentence_focus), ("adversarial", adversarial)):
+        for name, value in (("sentence_focus", sentence_focus), ("adversarial", adversarial),
+                            ("sentence_evidence", sentence_evidence)):
             if value is not None and value < 0:
                 raise ValueError(f"model.{name} must be at least 0, not {value}")
         for name, value in (("dropout", dropout), ("word_dropout", word_dropout), ("ema", ema),
@@ -268,8 +275,8 @@ class HANModule(pl.LightningModule):
         return self.net(*batch).logits
 
     def _loss(self, inputs: Batch, target: Tensor, split: str, focus: bool = True) -> tuple[Tensor, Tensor]:
-        """The batch's loss (with the sentence-focus penalty while training, unless ``focus`` is False)
-        and its logits."""
+        """The batch's loss (with the sentence attention's losses while training, unless ``focus`` is
+        False) and its logits."""
         output = self.net(*inputs)
         logits = output.logits
         smoothing = self.hparams.label_smoothing
@@ -277,10 +284,18 @@ class HANModule(pl.LightningModule):
             loss = self.loss_fn(logits, target * (1 - smoothing) + smoothing / 2)
         else:
             loss = self.loss_fn(logits, target)
-        if split == "train" and focus and self.hparams.sentence_focus:
+        if split != "train" or not focus:
+            return loss, logits
+        size = target.shape[0]
+        if self.hparams.sentence_focus:
             entropy = sentence_entropy(output.sentence_weights, inputs[2])
-            self.log("train/sentence_entropy", entropy, on_step=False, on_epoch=True, batch_size=target.shape[0])
+            self.log("train/sentence_entropy", entropy, on_step=False, on_epoch=True, batch_size=size)
             loss = loss + self.hparams.sentence_focus * entropy
+        if self.hparams.sentence_evidence:
+            evidence = sentence_evidence(output.sentence_weights, output.sentence_logits, inputs[2], target,
+                                         self.net.config.multi_label)
+            self.log("train/sentence_evidence", evidence, on_step=False, on_epoch=True, batch_size=size)
+            loss = loss + self.hparams.sentence_evidence * evidence
         return loss, logits
 
     def _step(self, batch: tuple[Batch, Tensor], split: str) -> Tensor:
@@ -376,13 +391,3 @@ class HANModule(pl.LightningModule):
         if clip:
             self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
 
-
-def sentence_entropy(weights: Tensor, document_lengths: Tensor) -> Tensor:
-    """The sentence attention's entropy as a share of its largest (log n), averaged over the documents of
-    more than one sentence (0 when there are none): 1 is a flat attention, 0 all on one sentence."""
-    several = document_lengths > 1
-    if not several.any():
-        return weights.new_zeros(())
-    w = weights[several]
-    entropy = -(w * torch.log(w.clamp_min(1e-12))).sum(-1)
-    return (entropy / torch.log(document_lengths[several].to(w.dtype))).mean()
