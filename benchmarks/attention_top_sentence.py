@@ -46,6 +46,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.documents < 1:
         parser.error("--documents must be at least 1")
+    if args.validation and (args.data != IMDB_TEST or args.text_column != "text"):
+        parser.error("--validation reads IMDB's training file; it does not take --data or --text-column")
     pipeline, texts = pipeline_and_reviews(parser, args)
     if args.validation:
         texts = validation_reviews()

@@ -65,13 +65,14 @@ def test_sentence_evidence_is_the_attention_on_the_sentence_that_says_the_label_
     lengths = torch.tensor([2, 3, 1])
     sentence_logits = torch.tensor([[[2.0, -2.0], [-2.0, 2.0], [0.0, 0.0]],  # label 0's sentence first
                                     [[0.0, 0.0], [0.0, 0.0], [3.0, -3.0]],  # the last says label 0
-                                    [[-5.0, 5.0], [0.0, 0.0], [0.0, 0.0]]], requires_grad=True)  # one sentence: out
+                                    [[-5.0, 5.0], [9.0, 9.0], [9.0, 9.0]]], requires_grad=True)  # one sentence: out
+    sentence_logits.data[0, 2] = torch.tensor([9.0, -9.0])  # padding that would fit label 0 best: never chosen
     attention = weights.clone().requires_grad_(True)
     loss = sentence_evidence(attention, sentence_logits, lengths, torch.tensor([0, 0, 1]), multi_label=False)
     expected = (-math.log(0.2) / math.log(2) - math.log(0.25) / math.log(3)) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     loss.backward()
-    assert sentence_logits.grad is None and attention.grad[0, 0] < 0  # only attention learns: more on sentence 0
+    assert sentence_logits.grad is None and attention.grad[0, 0] < 0  # the choice gets no gradient; more on sentence 0
     # the other label, as soft rows (self-training): doc 0's telling sentence is now its second
     soft = torch.tensor([[0.1, 0.9], [0.9, 0.1], [0.0, 1.0]])
     expected = (-math.log(0.8) / math.log(2) - math.log(0.25) / math.log(3)) / 2
@@ -91,6 +92,11 @@ def test_with_own_values_the_logits_are_the_attention_weighted_sentence_logits()
     weighted = (output.sentence_weights.unsqueeze(-1) * output.sentence_logits).sum(1)
     assert torch.allclose(output.logits, weighted, atol=1e-5)  # the weights sum to 1: the bias is in each
     assert net.eval()(*batch).sentence_logits is None  # inference does not compute them
+    output = net.train()(*batch)
+    sentence_evidence(output.sentence_weights, output.sentence_logits, batch[2], torch.tensor([0, 2]), False).backward()
+    assert net.head.weight.grad is None  # the head does not learn from the loss; what scores sentences does
+    assert net.sentence_attention.context.grad.abs().sum() > 0
+    assert net.word_rnn.forward_rnn.weight_ih_l0.grad.abs().sum() > 0
 
 
 def test_the_regularisers_refuse_negative_settings() -> None:

@@ -11,7 +11,8 @@ each a weight on ``HANModule``:
   reading of multiple-instance learning, Angelidis & Lapata 2018), so removing its top sentence
   costs the label most.
 
-Both are shares of their largest (log n) and averaged over the documents of more than one sentence.
+Both are divided by log n (1 for a flat attention, 0 for all of it on one sentence, or on the telling
+one) and averaged over the documents of more than one sentence.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def sentence_evidence(weights: Tensor, sentence_logits: Tensor, document_lengths
 
     weights [docs, max_sentences]; sentence_logits [docs, max_sentences, labels] (``HANOutput``);
     target: label ids [docs], soft rows [docs, labels] (self-training), or 0/1 rows when multi-label.
-    The most telling sentence has the lowest loss against the document's target on its own; it is
-    chosen without gradient, so only the attention learns from this loss.
+    The most telling sentence has the lowest loss against the document's target on its own. It is
+    chosen without gradient, and the head gets none from this loss: what scores the sentences (the
+    sentence attention, and through it both encoders) learns to find the sentence, not the head to
+    agree with the attention.
     """
     several = document_lengths > 1
     if not several.any():
@@ -55,6 +58,6 @@ def sentence_evidence(weights: Tensor, sentence_logits: Tensor, document_lengths
             fit = (torch.log_softmax(logits, -1) * rows.unsqueeze(1)).sum(-1)
         real = torch.arange(logits.shape[1], device=logits.device) < document_lengths[several, None]
         telling = fit.masked_fill(~real, float("-inf")).argmax(-1)
-    attention = weights[several].gather(1, telling[:, None]).squeeze(1)
+    attention = weights[several].float().gather(1, telling[:, None]).squeeze(1)  # float: 1e-12 in half precision is 0
     lengths = document_lengths[several].to(attention.dtype)
     return (-torch.log(attention.clamp_min(1e-12)) / torch.log(lengths)).mean()
