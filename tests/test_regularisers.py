@@ -63,10 +63,10 @@ def test_sentence_entropy_is_a_share_of_its_largest() -> None:
 def test_sentence_evidence_is_the_attention_on_the_sentence_that_says_the_label_alone() -> None:
     weights = torch.tensor([[0.2, 0.8, 0.0], [0.25, 0.5, 0.25], [1.0, 0.0, 0.0]])
     lengths = torch.tensor([2, 3, 1])
-    sentence_logits = torch.tensor([[[2.0, -2.0], [-2.0, 2.0], [0.0, 0.0]],  # label 0's sentence first
+    sentence_logits = torch.tensor([[[2.0, -2.0], [-2.0, 2.0], [9.0, -9.0]],  # label 0's sentence first; padding
+                                    # that would fit label 0 best, never chosen
                                     [[0.0, 0.0], [0.0, 0.0], [3.0, -3.0]],  # the last says label 0
                                     [[-5.0, 5.0], [9.0, 9.0], [9.0, 9.0]]], requires_grad=True)  # one sentence: out
-    sentence_logits.data[0, 2] = torch.tensor([9.0, -9.0])  # padding that would fit label 0 best: never chosen
     attention = weights.clone().requires_grad_(True)
     loss = sentence_evidence(attention, sentence_logits, lengths, torch.tensor([0, 0, 1]), multi_label=False)
     expected = (-math.log(0.2) / math.log(2) - math.log(0.25) / math.log(3)) / 2

@@ -274,9 +274,9 @@ class HANModule(pl.LightningModule):
     def forward(self, batch: Batch) -> Tensor:
         return self.net(*batch).logits
 
-    def _loss(self, inputs: Batch, target: Tensor, split: str, focus: bool = True) -> tuple[Tensor, Tensor]:
-        """The batch's loss (with the sentence attention's losses while training, unless ``focus`` is
-        False) and its logits."""
+    def _loss(self, inputs: Batch, target: Tensor, split: str, attention_losses: bool = True) -> tuple[Tensor, Tensor]:
+        """The batch's loss (with the sentence attention's losses while training, unless
+        ``attention_losses`` is False) and its logits."""
         output = self.net(*inputs)
         logits = output.logits
         smoothing = self.hparams.label_smoothing
@@ -284,7 +284,7 @@ class HANModule(pl.LightningModule):
             loss = self.loss_fn(logits, target * (1 - smoothing) + smoothing / 2)
         else:
             loss = self.loss_fn(logits, target)
-        if split != "train" or not focus:
+        if split != "train" or not attention_losses:
             return loss, logits
         size = target.shape[0]
         if self.hparams.sentence_focus:
@@ -320,7 +320,7 @@ class HANModule(pl.LightningModule):
             loss = self._step(batch, "train")
         ids, moves = adversarial.direction(loss, seen, self.hparams.adversarial)
         with adversarial.moved(self.net.embedding, ids, moves):
-            moved_loss, _ = self._loss(*batch, "train", focus=False)  # the penalty counts once
+            moved_loss, _ = self._loss(*batch, "train", attention_losses=False)  # they count once
         self.log("train/adversarial_loss", moved_loss, on_step=False, on_epoch=True, batch_size=batch[1].shape[0])
         return loss + moved_loss
 
