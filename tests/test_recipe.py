@@ -37,6 +37,9 @@ def test_training_length_scales_with_the_data() -> None:
     assert small["model.patience"] > large["model.patience"]
     # Few labels: adversarial word vectors (training.adversarial); not worth a step's double cost on many.
     assert small["model.adversarial"] > 0 and large["model.adversarial"] == 0
+    # Few single-label documents: targets partly the cross-fitted n-gram baseline's (training.ngram_teacher).
+    assert small["data.ngram_teacher"] == 0.3 and large["data.ngram_teacher"] == 0.0
+    assert choose(_profile(1_800, labels=90, multi=True))["data.ngram_teacher"] == 0.0
 
 
 def test_task_and_length_rules() -> None:
@@ -77,7 +80,7 @@ def test_checkpoint_monitor_and_mode_follow_the_schedule(tmp_path: Path) -> None
         return SimpleNamespace(
             data=SimpleNamespace(train=str(FIXTURE), text_column="text", label_column="label", multi_label=None,
                                  val_fraction=0.1, validation=None, max_train_docs=None, batch_size=None,
-                                 unlabeled=None, pseudo_labelled=None),
+                                 unlabeled=None, pseudo_labelled=None, ngram_teacher=None),
             model=SimpleNamespace(scheduler=scheduler, embeddings="word2vec", embed_dim=None, init_from=None,
                                   **{k.split(".")[1]: None for k in choose(_profile(100)) if k.startswith("model.")}),
             trainer=SimpleNamespace(callbacks=[], max_epochs=None, min_epochs=None),
@@ -157,6 +160,9 @@ def test_a_fit_without_config_follows_the_recipe_and_stops_early(tmp_path: Path)
     assert hp["scheduler"] == "plateau" and hp["ema"] > 0
     # few labels: the adversarial word vectors' loss was learnt from (training.adversarial)
     assert "model.adversarial=0.02" in chosen and hp["adversarial"] == 0.02
+    # few single-label documents: their targets are partly the cross-fitted baseline's (training.ngram_teacher)
+    assert "data.ngram_teacher=0.3" in chosen
+    assert "n-gram teacher: each training target is 0.7 its label and 0.3 the TF-IDF baseline's" in out.stderr
     (metrics,) = (run / "csv").rglob("metrics.csv")
     assert "train/adversarial_loss" in metrics.read_text().splitlines()[0]
     # Stopped by the validation loss before the budget of 100 epochs (not before min_epochs, 50 here).
@@ -227,9 +233,12 @@ def test_unlabelled_text_with_few_labels_turns_self_training_on_and_says_what_it
     assert "  fraction: 1.0  # recipe\n" in out and "targets: soft\n" in out
     assert "# recipe (training/recipe.py)" in out and "a fit on the labels alone" in out
     assert "your 32 unlabelled documents" in out and "advice: few labelled" not in out
-    assert "  adversarial: 0.0  # recipe\n" in out  # measured without it
-    out = printed()  # nothing to read: one fit, with adversarial word vectors
+    assert "  adversarial: 0.0  # recipe\n" in out  # measured without them
+    assert "  ngram_teacher: 0.0  # recipe\n" in out
+    out = printed()  # nothing to read: one fit, with adversarial word vectors and the n-gram teacher
     assert "  fraction: 0.0  # recipe\n" in out and "  adversarial: 0.02  # recipe\n" in out
+    assert "  ngram_teacher: 0.3  # recipe\n" in out
+    assert "  ngram_teacher: 0.1\n" in printed("--data.ngram_teacher", "0.1")  # the user's
     assert "  pretrain_epochs: 0  # recipe\n" in out
     out = printed("--data.unlabeled", str(extra), "--self_training.fraction", "0")  # the user's
     assert "  fraction: 0.0\n" in out and "# recipe" not in out.split("self_training:")[1] and "x a fit" not in out

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from han.segment import SegmenterConfig, has_words
 from han.vocab import Vocabulary
-from training import tokenise
+from training import ngram_teacher, tokenise
 from training.batches import EncodedDocuments, LabelledTexts, LengthBucketSampler, collate_examples
 from training.self_training import soft_targets
 from training.sources import DataError, load_source
@@ -41,6 +41,11 @@ class HANDataModule(pl.LightningDataModule):
         pseudo_labelled: documents labelled by an earlier model (self-training writes them): added to
             the training split only, after validation is held out, so validation and test stay
             human-labelled.
+        ngram_teacher: the share of each human-labelled training document's target taken from the
+            TF-IDF baseline's scores for it, fitted on the other four fifths of the training split
+            (fewer folds when a class has under five documents; training.ngram_teacher), the rest from
+            its label; under 0.5, so the label stays the target's top class; single-label data only.
+            Unset: 0 (``han-train`` fills it: training.recipe).
         text_column: the column holding the document text.
         label_column: the column holding the label (string or integer), or a list of labels when
             ``multi_label`` is true.
@@ -72,6 +77,7 @@ class HANDataModule(pl.LightningDataModule):
         test: str | None = None,
         unlabeled: str | None = None,
         pseudo_labelled: str | None = None,
+        ngram_teacher: float | None = None,
         text_column: str = "text",
         label_column: str = "label",
         multi_label: bool | None = None,
@@ -95,6 +101,8 @@ class HANDataModule(pl.LightningDataModule):
         batch_size = 64 if batch_size is None else batch_size
         if not 0 < val_fraction < 1:
             raise DataError(f"data.val_fraction must be between 0 and 1 (exclusive), not {val_fraction}")
+        if not 0 <= (ngram_teacher or 0) < 0.5:
+            raise DataError(f"data.ngram_teacher must be at least 0 and under 0.5, not {ngram_teacher}")
         for name, value in [("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("min_freq", min_freq),
                             ("max_vocab", max_vocab), ("max_sentences", max_sentences), ("max_words", max_words),
                             ("max_chars", max_chars)]:
@@ -188,6 +196,12 @@ class HANDataModule(pl.LightningDataModule):
             if soft is not None:
                 human = torch.nn.functional.one_hot(self.splits["train"].targets[:-rows], len(self.label_names))
                 self.splits["train"].targets = torch.cat([human.float(), soft])
+        if hp.ngram_teacher and self.multi_label:
+            raise DataError("data.ngram_teacher is for single-label data (set it to 0)")
+        if hp.ngram_teacher:
+            human = len(train) - self.pseudo_labelled_rows
+            self.splits["train"].targets = ngram_teacher.mixed_targets(
+                train["text"][:human], self.splits["train"].targets, len(self.label_names), hp.ngram_teacher, hp.seed)
         if hp.test:
             self._keys["test"] = self._texts("test", hp.test, hp.max_eval_docs)
             self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"]))
