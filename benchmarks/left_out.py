@@ -22,7 +22,7 @@ from sklearn.model_selection import train_test_split
 from han import Pipeline, SavedModel
 from training.baseline import train_baseline
 
-SETTINGS = {"imdb-1000": 1000, "imdb-2000": 2000, "20ng-2000": 2000}  # few-label settings: labelled documents
+SETTINGS = sorted({base for base, _ in suite.UNLABELLED.values()})  # the few-label ones: imdb-1000, ...
 VAL_FRACTION, SEED = 0.1, 42  # the fit's validation split (training.data's defaults)
 
 
@@ -31,9 +31,7 @@ def left_out(setting: str, documents: int) -> tuple[list[str], list[str]]:
     folder = suite.SETTINGS[setting][0]
     table = pq.read_table(suite.SHARED / folder / "train.parquet", columns=["text", "label"])
     labels = table.column("label").to_pylist()
-    _, rest = train_test_split(list(range(len(table))), train_size=SETTINGS[setting], random_state=0,
-                               stratify=labels)  # suite._sample's split
-    rest = sorted(rest)
+    _, rest = suite.split_rows(table, int(setting.rsplit("-", 1)[1]), "label")  # the setting's sample, and the rest
     chosen, _ = train_test_split(rest, train_size=documents, random_state=1, stratify=[labels[i] for i in rest])
     kept = table.take(sorted(chosen))
     return kept.column("text").to_pylist(), [str(x) for x in kept.column("label").to_pylist()]
@@ -53,7 +51,7 @@ def baseline_accuracy(setting: str, texts: list[str], labels: list[str]) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("setting", choices=sorted(SETTINGS))
+    parser.add_argument("setting", choices=SETTINGS)
     parser.add_argument("models", nargs="+", type=Path, help="model directories (a run's model/)")
     parser.add_argument("--documents", type=int, default=3000)
     args = parser.parse_args()

@@ -36,22 +36,23 @@ VECTORS = {"recipe": [], "word2vec": ["--model.embeddings", "word2vec"],
            "glove": ["--model.embeddings", "glove-6b-50d"]}
 
 
-def _sample(table: pa.Table, n: int, column: str) -> pa.Table:
-    """A stratified sample of n rows (seed 0), in file order."""
+def split_rows(table: pa.Table, n: int, column: str) -> tuple[list[int], list[int]]:
+    """The rows of a stratified sample of n (seed 0) and the rest, each in file order."""
     from sklearn.model_selection import train_test_split
 
-    keep, _ = train_test_split(list(range(len(table))), train_size=n, random_state=0,
-                               stratify=table.column(column).to_pylist())
-    return table.take(sorted(keep))
+    keep, rest = train_test_split(list(range(len(table))), train_size=n, random_state=0,
+                                  stratify=table.column(column).to_pylist())
+    return sorted(keep), sorted(rest)
+
+
+def _sample(table: pa.Table, n: int, column: str) -> pa.Table:
+    """A stratified sample of n rows (seed 0), in file order."""
+    return table.take(split_rows(table, n, column)[0])
 
 
 def _rest(table: pa.Table, n: int, column: str) -> pa.Table:
     """The training documents ``_sample`` leaves out, text only: unlabelled text of the same kind."""
-    from sklearn.model_selection import train_test_split
-
-    _, rest = train_test_split(list(range(len(table))), train_size=n, random_state=0,
-                               stratify=table.column(column).to_pylist())
-    return table.take(sorted(rest)).select(["text"])
+    return table.take(split_rows(table, n, column)[1]).select(["text"])
 
 
 def _title(table: pa.Table) -> pa.Table:

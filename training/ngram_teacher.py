@@ -10,6 +10,8 @@ Distillation from a cross-fitted teacher is Hinton et al. 2015's soft targets wi
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from pytorch_lightning.utilities import rank_zero_info
@@ -34,21 +36,21 @@ def cross_fitted_scores(texts: list[str], labels: np.ndarray, classes: int, fold
 
 def mixed_targets(texts: list[str], targets: torch.Tensor, classes: int, share: float, seed: int) -> torch.Tensor:
     """``targets`` (class ids, or probability rows whose first ``len(texts)`` are one-hot human labels and
-    the rest self-training's, or its top labels) with ``share`` of each human row taken from the
-    cross-fitted scores, in as many folds as the smallest class has documents, up to five; the targets
-    unchanged when a class has a single document."""
+    the rest self-training's, or its top labels) as probability rows, with ``share`` of each human row
+    taken from the cross-fitted scores, in as many folds as the smallest class has documents, up to
+    five; the targets unchanged when a class has a single document."""
     human = len(texts)
-    labels = (targets[:human] if targets.ndim == 1 else targets[:human].argmax(1)).numpy()
+    rows = (targets if targets.ndim == 2 else torch.nn.functional.one_hot(targets, classes)).float().clone()
+    labels = rows[:human].argmax(1).numpy()
     counts = np.bincount(labels, minlength=classes)
     folds = min(FOLDS, int(counts[counts > 0].min()))
     if folds < 2:
         rank_zero_info("n-gram teacher: off, a class has a single training document to cross-fit")
         return targets
+    start = time.perf_counter()
     scores = cross_fitted_scores(list(texts), labels, classes, folds, seed)
     rank_zero_info(f"n-gram teacher: each training target is {1 - share:g} its label and {share:g} the TF-IDF "
                    f"baseline's scores from the other {folds - 1} of {folds} folds (its top class right on "
-                   f"{(scores.argmax(1) == labels).mean():.1%})")
-    onehot = torch.nn.functional.one_hot(torch.as_tensor(labels), classes).float()
-    mixed = (targets if targets.ndim == 2 else torch.nn.functional.one_hot(targets, classes)).float().clone()
-    mixed[:human] = (1 - share) * onehot + share * torch.as_tensor(scores, dtype=torch.float32)
-    return mixed
+                   f"{(scores.argmax(1) == labels).mean():.1%}; {time.perf_counter() - start:.1f} s)")
+    rows[:human] = (1 - share) * rows[:human] + share * torch.as_tensor(scores, dtype=torch.float32)
+    return rows
