@@ -15,6 +15,7 @@ other requests are still in flight on it (they fail with "Server disconnected").
 from __future__ import annotations
 
 import os
+from uuid import uuid4
 
 import bentoml
 import torch
@@ -23,7 +24,7 @@ from pydantic import BaseModel
 import han
 from han.methods import explain_method
 from model_store import default_model_tag
-from service.api import ClassifyRequest, ClassifyResponse
+from service.api import ClassifyRequest, ClassifyResponse, Document
 from service.guard import RequestGuard, error_response
 
 MODEL_TAG = default_model_tag()
@@ -64,13 +65,17 @@ class HANClassifierAdaptive:
             self.model._async._session_manager.max_age = float("inf")
 
     @bentoml.api(route="/classify", input_spec=ClassifyRequest, output_spec=ClassifyResponse)
-    async def classify(self, documents: list[str], explain: bool | str = True) -> ClassifyResponse | object:
+    async def classify(self, documents: list[str | Document], explain: bool | str = True) -> ClassifyResponse | object:
         method = explain_method(explain)
-        results = await self.model.to_async.predict([ModelJob(text=t, method=method) for t in documents])
+        texts = [d if isinstance(d, str) else d.text for d in documents]
+        results = await self.model.to_async.predict([ModelJob(text=t, method=method) for t in texts])
         for i, result in enumerate(results):
             if isinstance(result, han.DocumentError) or "reason" in getattr(result, "__dict__", {}):
                 return error_response(422, f"documents[{i}]: {result.reason}")
-        return ClassifyResponse.model_construct(results=results)
+        request_id = uuid4().hex  # as the shipped service: every result with its document's id
+        for i, (result, document) in enumerate(zip(results, documents, strict=True)):
+            result.id = f"{request_id}-{i}" if isinstance(document, str) else document.id
+        return ClassifyResponse.model_construct(request_id=request_id, results=results)
 
 
 HANClassifierAdaptive.add_asgi_middleware(RequestGuard)

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def han_model(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "training.model_cli", *args], cwd=REPO, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "registry.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     return started, time.time(), done
 

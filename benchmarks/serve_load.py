@@ -14,6 +14,8 @@ connections the busiest worker held.
     python benchmarks/serve_load.py                        # serves han-imdb:latest
     python benchmarks/serve_load.py --make-bench-model     # registers and serves han-bench (see below)
     python benchmarks/serve_load.py --compare-keys         # API keys on against off, in turn (A B, B A, ...)
+    python benchmarks/serve_load.py --compare-env HAN_LOG=0    # a setting against the defaults, in turn
+    python benchmarks/serve_load.py --compare-shadow han-imdb:OTHER --fraction 0.2   # a shadow against none
 
 ``--make-bench-model`` registers ``han-bench``: the default architecture (``han.HANConfig`` and
 ``han.SegmenterConfig`` defaults), random weights and a vocabulary built from IMDB train
@@ -72,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--compare-keys", action="store_true",
                         help="instead: serve this checkout without and with API keys in turn, --rounds times")
+    parser.add_argument("--compare-env", metavar="NAME=VALUE", default=None,
+                        help="instead: serve this checkout with NAME=VALUE against without it (the defaults), in turn")
+    parser.add_argument("--compare-shadow", metavar="TAG", default=None,
+                        help="instead: the service with TAG as a shadow (han-model shadow) against without one")
+    parser.add_argument("--fraction", type=float, default=0.2, help="the shadow's share of documents (default 0.2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison (default 3)")
     return parser.parse_args(argv)
 
@@ -106,7 +113,7 @@ async def run_load(url: str, texts: list[str], clients: int) -> dict:
                         if response.status != 200:
                             errors.append(f"HTTP {response.status}: {payload[:200]!r}")
                             continue
-                        if not payload.startswith(b'{"results":[{"label":') or b'"sentences":' not in payload:
+                        if b'"results":[{"id":' not in payload[:80] or b'"sentences":' not in payload:
                             errors.append(f"unexpected body: {payload[:200]!r}")
                             continue
                 except (TimeoutError, aiohttp.ClientError) as e:
@@ -229,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_keys:
         keyed = {**extra_env, "HAN_API_KEYS": AUTH["Authorization"].removeprefix("Bearer ")}
         return compare(args, tag, [("keys off", REPO, extra_env), ("keys on", REPO, keyed)], warmup, single, load)
+    if args.compare_shadow:
+        shadowed = f"shadow {args.fraction:g}"
+        return compare(args, tag, [("no shadow", REPO, extra_env), (shadowed, REPO, extra_env)], warmup, single, load,
+                       shadow={shadowed: (args.compare_shadow, args.fraction)})
+    if args.compare_env:
+        name, _, value = args.compare_env.partition("=")
+        return compare(args, tag, [(args.compare_env, REPO, {**extra_env, name: value}), ("default", REPO, extra_env)],
+                       warmup, single, load)
     server = Server(tag, args.workers, args.service, extra_env)
     results: dict = {"model": tag, "service": args.service, "env": extra_env, "machine": info, "runs": []}
     try:
@@ -269,17 +284,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _shadow_lines(tag: str) -> int:
+    """Lines the shadow has written to the model's inference log so far."""
+    from monitoring.log_files import log_folder, read_log
+
+    return sum(1 for _ in read_log(log_folder(tag.partition(":")[0]), roles=["shadow"]))
+
+
 def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, dict[str, str]]],
-            warmup: list[str], single: list[str], load: list[str]) -> int:
+            warmup: list[str], single: list[str], load: list[str],
+            shadow: dict[str, tuple[str, float]] | None = None) -> int:
     """Two versions (checkouts, or settings), served in turn, the order swapped every round (A B, B A, ...):
     docs/s, latency and the server's CPU time a document per round, and the ratios of the second to the
     first. (A fixed order would put any drift between a round's two servers on one side.)"""
     figures: dict[str, list[dict]] = {name: [] for name, _, _ in versions}
-    header = (f"{'round':<7}{'version':<10}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+    width = max(10, *(len(name) + 2 for name, _, _ in versions))
+    header = (f"{'round':<7}{'version':<{width}}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'errors':>8}{'1-client p50':>14}")
     print(header + f"{'worker RSS MB':>15}{'at rest':>9}{'cpu ms/doc':>12}{'busiest':>9}")
     for round_ in range(1, args.rounds + 1):
         for name, repo, env in versions if round_ % 2 else versions[::-1]:
+            from monitoring.shadow import start_shadow, stop_shadow
+
+            stop_shadow(tag.partition(":")[0])
+            if name in (shadow or {}):
+                start_shadow(*shadow[name])  # read by each worker as it starts
+            shadowed_before = _shadow_lines(tag)
             server = Server(tag, args.workers, args.service, env, repo=repo)
             try:
                 server.wait_ready()
@@ -291,6 +321,10 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 rest = server.worker_rss_mb()
             finally:
                 server.stop()
+                stop_shadow(tag.partition(":")[0])
+            if name in (shadow or {}):
+                print(f"    the shadow answered {_shadow_lines(tag) - shadowed_before} documents of "
+                      f"{len(single) + len(load)} (the rest dropped: production first)", flush=True)
             figures[name].append(
                 {
                     "docs_per_s": many["docs_per_s"],
@@ -307,7 +341,7 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 }
             )
             print(
-                f"{round_:<7}{name:<10}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['p90_ms']:>9}"
+                f"{round_:<7}{name:<{width}}{many['docs_per_s']:>9}{many['p50_ms']:>9}{many['p90_ms']:>9}"
                 f"{many['p99_ms']:>9}{many['max_ms']:>9}{many['errors']:>8}"
                 f"{one['p50_ms']:>14}{round(rss):>15}{round(rest):>9}{many['server_cpu_ms_per_doc']:>12}"
                 f"{many['busiest_worker_share'] or '':>9}",
@@ -324,6 +358,9 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
     )
     cpu = [t["server_cpu_ms_per_doc"] / p["server_cpu_ms_per_doc"] for p, t in zip(figures[first], figures[second],
                                                                                   strict=True)]
+    p99 = [t["p99_ms"] / p["p99_ms"] for p, t in zip(figures[first], figures[second], strict=True)]
+    print(f"{second} / {first}, p99 latency under {args.clients} clients, per round: "
+          + ", ".join(f"{r:.3f}" for r in p99) + f"; median {statistics.median(p99):.3f}")
     print(f"{second} / {first}, the server's CPU time a document, per round: " + ", ".join(f"{r:.3f}" for r in cpu)
           + f"; median {statistics.median(cpu):.3f}")
     print(f"load average after: {os.getloadavg()}")

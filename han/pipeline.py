@@ -106,13 +106,15 @@ class Pipeline:
 
     def __call__(
         self, texts: Sequence[object], explain: bool | str | None = None, errors: Errors = "raise",
-        top: TopK | None = None,
+        top: TopK | None = None, profiles: list[tuple[int, int]] | None = None,
     ) -> list[DocumentResult | DocumentError]:
         """Classify ``texts`` in input order. ``explain``: None or False none, True the default method, or
         a method's name (han.methods.explain_method); ``top``: only the top k sentences and words, else
         all. A bad document raises InvalidDocumentError (the first one) with ``errors="raise"``; with
-        ``errors="return"`` it gets a DocumentError in its place."""
-        return self._run(texts, explain_method(explain), top, errors, None)
+        ``errors="return"`` it gets a DocumentError in its place. ``profiles``, if given, is filled with
+        each document's (words the model read, those of them out of its vocabulary): what the inference
+        log and the monitor compare with the training data's profile."""
+        return self._run(texts, explain_method(explain), top, errors, None, profiles=profiles)
 
     def with_logits(
         self, texts: Sequence[str], progress: Progress | None = None
@@ -132,6 +134,7 @@ class Pipeline:
         errors: Errors,
         logits: np.ndarray | None,
         progress: Progress | None = None,
+        profiles: list[tuple[int, int]] | None = None,
     ) -> list[DocumentResult | DocumentError]:
         """``__call__``; ``method`` None: no explanation."""
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
@@ -160,7 +163,13 @@ class Pipeline:
         head = self.saved.ngrams
         cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
         head_probs = None if head is None else head.probabilities(texts[i][:cap] for i in kept)  # type: ignore[index]
-        for chunk, output in self.forward([self.encode(s) for s in segments], method or "attention", head_probs):
+        encoded = [self.encode(s) for s in segments]
+        if profiles is not None:
+            profiles[:] = [(0, 0)] * len(texts)
+            unk = self.saved.vocab.unk_id
+            for k, (ids, _) in zip(kept, encoded, strict=True):
+                profiles[k] = (len(ids), int(np.count_nonzero(ids == unk)))
+        for chunk, output in self.forward(encoded, method or "attention", head_probs):
             if logits is not None:
                 logits[[kept[k] for k in chunk]] = output.logits.numpy()
             probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])

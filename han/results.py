@@ -9,7 +9,7 @@ to ``DECIMALS`` places.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DECIMALS = 6  # places kept for scores and weights (a float32 holds about 7 significant digits)
 
@@ -67,6 +67,10 @@ class DocumentResult:
 
     __pydantic_config__ = {"use_attribute_docstrings": True}  # noqa: RUF012
 
+    id: str | None = field(default=None, kw_only=True)
+    """The document's id, by which its answer is found again: in a /classify response the client's own,
+    else one the service made (`request_id-index`, e.g. `9f0c...e2-0`); han-score's id column is the
+    same role. han.Pipeline leaves it None: it classifies texts, in the order given."""
     label: str
     """The label with the highest score."""
     labels: list[str]

@@ -23,6 +23,7 @@ CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
 LABELS_FILE = "labels.json"
 WEIGHTS_FILE = "model.safetensors"
+PROFILE_FILE = "profile.json"  # the training data's profile (training.data_profile): what the monitor compares with
 FORMAT_VERSION = 1
 
 
@@ -42,6 +43,7 @@ class SavedModel:
     temperature: float = 1.0  # scores are probabilities of logits / temperature (han.calibration)
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form: dataset, metrics, dates
     ngrams: NgramHead | None = None  # averaged with the HAN's scores when the fit kept it (han.ngrams)
+    profile: dict[str, Any] | None = None  # the training data's profile, where the fit recorded one
 
     def save(self, directory: str | Path) -> Path:
         """Write the model directory (created if needed) and return its path."""
@@ -66,6 +68,9 @@ class SavedModel:
         (directory / NgramHead.FILE).unlink(missing_ok=True)
         if self.ngrams is not None:
             self.ngrams.save(directory)
+        (directory / PROFILE_FILE).unlink(missing_ok=True)
+        if self.profile is not None:
+            (directory / PROFILE_FILE).write_text(json.dumps(self.profile, ensure_ascii=False), encoding="utf-8")
         return directory
 
     @classmethod
@@ -114,7 +119,19 @@ class SavedModel:
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
         model.eval()
         ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels), model_config.multi_label)
-        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams)
+        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams,
+                   read_profile(directory))
+
+
+def read_profile(directory: str | Path) -> dict[str, Any] | None:
+    """The training data's profile kept with the model (None for a model saved without one)."""
+    path = Path(directory) / PROFILE_FILE
+    if not path.is_file():
+        return None
+    profile = _read_json(path)
+    if not isinstance(profile, dict):
+        raise ModelDirectoryError(f"{path}: expected a JSON object")
+    return profile
 
 
 def _ngram_head(directory: Path, entry: Any, labels: int, multi_label: bool) -> NgramHead | None:

@@ -4,8 +4,9 @@ The one place that knows the store; training registers into it, serving and han-
 
 A stored model is exactly a ``han`` model directory (JSON + safetensors) inside the store's
 folder for that tag, so nothing is pickled and any tool can open it with ``SavedModel.load``.
-``NAME:production`` (or ``NAME`` alone) is the version that ``han-model promote`` last put in
-production (``model_store.production``), and ``NAME:latest`` until there is one.
+``NAME:production`` (or ``NAME`` alone) is the version the production pointer names
+(``model_store.production``): a name's first registered version, then whatever ``han-model promote``
+or ``rollback`` put there; never simply the latest, so a new fit is served only once promoted.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from bentoml.exceptions import BentoMLException, NotFound
 from model_store.production import (
     PRODUCTION,
     follows_pointer,
+    locked,
     model_tag_from_env,
     production_tag,
+    set_pointer,
     split_tag,
 )
 
@@ -47,15 +50,46 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
     labels = {"task": "multi-label" if saved.model.config.multi_label else "single-label"}
     with bentoml.models.create(name, labels=labels, metadata=_json_safe(meta)) as model:
         saved.save(model.path)
-    return str(model.tag)
+    tag = str(model.tag)
+    if production_tag(name) is None:  # the name's first version: it becomes production (later ones wait for promote)
+        with locked(name, wait=True):
+            adopt_production(name, registered=tag)
+    return tag
+
+
+def first_version(name: str) -> str | None:
+    """The name's first-registered version (earliest creation time), or None when it has none."""
+    try:
+        models = bentoml.models.list(name)
+    except (NotFound, BentoMLException, ValueError):
+        return None
+    if not models:
+        return None
+    return str(min(models, key=lambda m: (m.info.creation_time, str(m.tag))).tag)
+
+
+def production_version(name: str) -> str | None:
+    """The version ``NAME:production`` names: the pointer's, else (a store from before registration wrote
+    the pointer) the first-registered version, never the latest; None when the name has no version."""
+    return production_tag(name) or first_version(name)
+
+
+def adopt_production(name: str, registered: str | None = None) -> str | None:
+    """Write the pointer where there is none, at the first-registered version, so that the promotion gate
+    compares with it and rollback can reach it. Call under ``locked(name)``; returns the production tag."""
+    current = production_tag(name)
+    if current is None and (first := first_version(name)) is not None:
+        set_pointer(first, "register" if first == registered else "adopt")
+        current = first
+    return current
 
 
 def _stored(ref: str) -> Any:
-    """The BentoML model a tag names now: ``NAME`` and ``NAME:production`` the production pointer's
-    version (else the latest), ``NAME:latest`` the latest. ModelNotFoundError if none."""
+    """The BentoML model a tag names now: ``NAME`` and ``NAME:production`` the production version
+    (``production_version``), ``NAME:latest`` the latest. ModelNotFoundError if none."""
     if follows_pointer(ref):
         name = split_tag(ref)[0]
-        ref = production_tag(name) or f"{name}:latest"
+        ref = production_version(name) or f"{name}:latest"
     try:
         return bentoml.models.get(str(ref))
     except (NotFound, BentoMLException, ValueError) as e:

@@ -2,9 +2,10 @@
 
 A pointer is a small JSON file beside BentoML's model store (``$BENTOML_HOME/deployments/NAME/``),
 so every server that shares the store follows it: ``NAME:production`` names the version it points
-to. Promotion and rollback move it under a lock (one at a time) with an atomic write; its history
-is what ``rollback`` walks back. Each serving worker reports what it serves in ``replicas/``, which
-is how ``han-model promote`` knows that the servers followed, or why one could not.
+to. A name's first registered version writes it; promotion and rollback move it under a lock (one
+at a time) with an atomic write; its history is what ``rollback`` walks back. Each serving worker
+reports what it serves in ``replicas/``, which is how ``han-model promote`` knows that the servers
+followed, or why one could not.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def follows_pointer(ref: str) -> bool:
 
 
 def read_pointer(name: str) -> dict[str, Any] | None:
-    """The pointer's record (``tag``, ``history``), or None when the name was never promoted."""
+    """The pointer's record (``tag``, ``history``), or None when there is none (a name with no version,
+    or one registered before registration wrote it: ``model_store.production_version``)."""
     try:
         record = json.loads(pointer_path(name).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -92,13 +94,14 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 @contextlib.contextmanager
-def locked(name: str) -> Iterator[None]:
-    """Held for a whole promotion or rollback; a second one at the same time fails at once."""
+def locked(name: str, wait: bool = False) -> Iterator[None]:
+    """Held for a whole promotion or rollback; a second one at the same time fails at once. ``wait``:
+    block instead (registration, which must not fail a finished fit because a promotion runs)."""
     path = deployment_dir(name) / "promote.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+", encoding="utf-8") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
@@ -150,10 +153,9 @@ def rollback_target(name: str) -> str:
     """The version in production before the current one (the history walked back past rollbacks)."""
     record = read_pointer(name)
     if record is None:
-        raise PromotionError(f"{name} has never been promoted: there is nothing to roll back "
-                             f"(han-model promote {name}:VERSION sets its production version)")
+        raise PromotionError(f"{name} has no production version: there is nothing to roll back")
     current, stack = record["tag"], []
-    for entry in record.get("history", []):  # replay: a promotion pushes, a rollback pops
+    for entry in record.get("history", []):  # replay: a registration or promotion pushes, a rollback pops
         if entry.get("action") == "rollback":
             if stack:
                 stack.pop()
@@ -177,12 +179,12 @@ def replica_id() -> str:
 
 
 def report_replica(name: str, serving: str, failed: dict[str, Any] | None, loading: str | None = None,
-                   pointer: tuple[int, int] | None = None) -> None:
+                   pointer: tuple[int, int] | None = None, shadow: dict[str, Any] | None = None) -> None:
     """A worker's report: the version it serves, the one it is loading, the promoted version it could not
-    load (with why), and the pointer (its stamp) these answer."""
+    load (with why), the pointer (its stamp) these answer, and its shadow (monitoring.shadow), if any."""
     _write_json(replica_path(name, replica_id()),
-                {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "pid": os.getpid(),
-                 "host": socket.gethostname(), "seen": time.time()})
+                {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "shadow": shadow,
+                 "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()})
 
 
 def forget_replica(name: str) -> None:

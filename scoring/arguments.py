@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="han-score",
         description="Classify every row of a Parquet, CSV or JSON Lines file with a HAN model. "
         "Output type follows OUTPUT's extension (.parquet, .jsonl, .csv): one row per scored input row, "
-        "in input order, with the row index, the id (--id-column), the label(s) and every label's score. "
+        "in input order, with the row index, the id (--id-column, or a column named id), the label(s) and "
+        "every label's score. "
         "Rows that cannot be scored go to OUTPUT.errors.jsonl.",
     )
     p.add_argument("input", metavar="INPUT", help="a .parquet, .csv or .jsonl file (read as a stream)")
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model",
                    help="BentoML model tag or model directory (default: $HAN_MODEL_TAG or han-imdb:production)")
     p.add_argument("--text-column", default="text", help="column holding the document text (default: text)")
-    p.add_argument("--id-column", help="column to copy into the output as 'id' (the row index is always written)")
+    p.add_argument("--id-column", help="column to copy into the output as 'id', each document's id (default: the "
+                   "input's column named id, if it has one; the row index is always written)")
     p.add_argument(
         "--explain",
         nargs="?",
@@ -100,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("local", "ray"),
         default="local",
         help="local: this machine's worker processes (default); ray: Ray Data, locally or on a cluster "
-        "(needs `pip install .[ray]` and --id-column; INPUT may be a folder, a glob or s3://...; "
-        "OUTPUT is a folder of part files)",
+        "(needs `pip install .[ray]` and an id: --id-column, or a column named id; INPUT may be a folder, a glob "
+        "or s3://...; OUTPUT is a folder of part files)",
     )
     p.add_argument("--address", help="--engine ray: the cluster to join (auto, ray://HOST:PORT); default: Ray here")
     p.add_argument("--concurrency", type=_positive, help="--engine ray: scoring actors (default: the cluster's CPUs)")

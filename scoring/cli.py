@@ -131,7 +131,7 @@ def _check_and_run(
     spec = formats.OutputSpec(
         list(saved.labels),
         bool(saved.model.config.multi_label),
-        args.id_column is not None,
+        source.id_column is not None,  # --id-column, or the input's column named id
         source.id_is_int,
         args.explain is not None,
         saved.ngrams is not None,
@@ -148,7 +148,7 @@ def _check_and_run(
         "input_size": stat.st_size,
         "input_mtime_ns": stat.st_mtime_ns,
         "text_column": args.text_column,
-        "id_column": args.id_column,
+        "id_column": source.id_column,
         "num_shards": args.num_shards,
         "shard_index": args.shard_index,
         "model": str(Path(model_dir).resolve()),
@@ -210,8 +210,6 @@ def _run_ray(args: argparse.Namespace) -> int:
         from scoring import ray_engine
     except ImportError as e:
         raise BatchError(f"--engine ray needs Ray Data: pip install '.[ray]' ({e})") from None
-    if not args.id_column:
-        raise BatchError("--engine ray needs --id-column: a distributed read has no global row index")
     ray_engine.check_paths(args)
     summary = ray_engine.run(args, lambda: _resolve_model(args.model))
     if args.summary_json:

@@ -24,6 +24,7 @@ from typing import Any
 
 from scoring import BatchError
 from scoring.formats import errors_path
+from scoring.read import id_column_of
 from scoring.score import ScoringOptions
 
 READERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json"}
@@ -211,6 +212,10 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     if read_error:
         raise BatchError(read_error)
     names = list(schema.names) if schema is not None else []
+    args.id_column = id_column_of(names, args.text_column, args.id_column)
+    if args.id_column is None:
+        raise BatchError("--engine ray needs --id-column, or a column named id: a distributed read has no global "
+                         f"row index (columns: {', '.join(names) or 'none'})")
     for column in dict.fromkeys([args.text_column, args.id_column]):
         if column not in names:
             raise BatchError(f"{args.input}: no column {column!r} (columns: {', '.join(names) or 'none'})")

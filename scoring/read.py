@@ -116,8 +116,20 @@ def check_input_path(path: Path) -> str:
     return fmt
 
 
+DEFAULT_ID_COLUMN = "id"  # the id without --id-column, where the input has a column so named
+
+
+def id_column_of(columns: list[str], text_column: str, id_column: str | None) -> str | None:
+    """The column whose values are the documents' ids: ``id_column`` (--id-column), else a column named
+    ``id`` (unless it holds the texts), else none."""
+    if id_column is not None:
+        return id_column
+    return DEFAULT_ID_COLUMN if DEFAULT_ID_COLUMN in columns and text_column != DEFAULT_ID_COLUMN else None
+
+
 def open_input(path: str | Path, text_column: str, id_column: str | None) -> InputFile:
-    """Check that ``path`` is a readable Parquet/CSV/JSON Lines file with the named columns."""
+    """Check that ``path`` is a readable Parquet/CSV/JSON Lines file with the named columns; without
+    ``id_column``, a column named ``id`` is the id (``id_column_of``)."""
     path = Path(path)
     fmt = check_input_path(path)
     if path.stat().st_size == 0:
@@ -143,6 +155,7 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
         columns = list(first)
     else:
         return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
+    id_column = id_column_of(columns, text_column, id_column)
     _check_columns(path, columns, text_column, id_column)
     id_is_int = False
     if id_column is not None and fmt != "csv" and features is not None:
@@ -179,6 +192,7 @@ def _open_parquet(path: Path, text_column: str, id_column: str | None) -> InputF
     except Exception as e:
         raise InputError(f"cannot read {path}: {_one_line(e)}") from e
     columns = list(schema.names)
+    id_column = id_column_of(columns, text_column, id_column)
     _check_columns(path, columns, text_column, id_column)
     id_is_int = id_column is not None and pa.types.is_integer(schema.field(id_column).type)
     return InputFile(path, "parquet", text_column, id_column, columns, id_is_int, empty=rows == 0)

@@ -1,25 +1,63 @@
 """The API's types: what ``POST /classify`` takes and returns, ``GET /model``, and error bodies.
 
 The result types are han's own (``han.DocumentResult`` and its parts): the response schema at
-``/docs`` is derived from them, so the service returns exactly what the pipeline gives.
+``/docs`` is derived from them, so the service returns exactly what the pipeline gives, with the ids
+the service attaches. The request schema states every rule the service applies to a request, so that
+the schema at ``/docs`` says exactly what is accepted (but the body's byte limit, a 413).
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 import han
 from han.methods import DEFAULT_METHOD, METHODS
 
 MAX_DOCUMENTS = 256  # per request
 MAX_BODY_BYTES = 10 * 1024 * 1024  # per request
+MAX_ID_CHARS = 200  # a client's document id
 Method = Literal[METHODS]  # type: ignore[valid-type]  # the names of han.methods, in the schema at /docs
 # The body the request guard validated, and the result: BentoML's own parse of the body takes it.
 VALIDATED: ContextVar[tuple[bytes, ClassifyRequest] | None] = ContextVar("han_validated_request", default=None)
+
+# A document has a word: han.segment.has_words, as one regex that means the same in ECMA-262 (JSON
+# Schema's dialect, which Schemathesis and clients read) and in Python's re (which the service applies).
+# Blank: whitespace (str.isspace) or a character clean_text removes (controls, zero-width marks, BOM;
+# not lone surrogates: no JSON text the service accepts holds one, and JSON Schema validators reject the
+# range); a break tag (<br>, <br/>, <p>, </p>, any case, whitespace inside) is blank too.
+# A document has a word where, after blanks and break tags, comes a character that is neither blank
+# nor the start of a break tag. Written out as ranges (tests/test_service_units.py checks them against
+# han.segment), and without nested repeats, so that it runs in linear time.
+_SPACE = r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_BLANK = r"\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200f\u2028\u2029\u202f\u205f\u3000\ufeff"
+_TAG_REST = rf"[{_SPACE}]*(?:[Bb][Rr]|/?[Pp])[{_SPACE}]*(?:/[{_SPACE}]*)?>"  # a break tag after its "<"
+HAS_WORDS = rf"^[{_BLANK}]*(?:<{_TAG_REST}[{_BLANK}]*)*(?:[^{_BLANK}<]|<(?!{_TAG_REST}))"
+TEXT_RULE = (
+    "At least one word: a character other than whitespace, control or zero-width characters and the break "
+    "tags `<br>`, `<br/>`, `<p>` and `</p>` (what the model's segmenter reads as blank). The pattern states "
+    "exactly this rule, and the service applies that same pattern. One refusal the schema cannot state (a "
+    "model's caps are not in it): a text with no word within its first max_chars characters (GET /model's "
+    "limits; 100,000 by default) gets a 422. Text past the caps is cut (the result says truncated: true)."
+)
+
+Text = Annotated[str, StringConstraints(strict=True, pattern=HAS_WORDS)]
+DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
+
+
+class Document(BaseModel):
+    """A document with the client's own id, which its result carries."""
+
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # python-re: HAS_WORDS looks ahead
+
+    id: DocumentId = Field(
+        description=f"The client's id for the document (1 to {MAX_ID_CHARS} characters), returned as its "
+        "result's id. Not checked for uniqueness: results come back in input order whatever the ids."
+    )
+    text: Text = Field(description=TEXT_RULE)
 
 
 class ClassifyRequest(BaseModel):
@@ -27,14 +65,18 @@ class ClassifyRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"example": {"documents": ["A moving, beautifully acted film."], "explain": True}},
+        regex_engine="python-re",
+        json_schema_extra={
+            "example": {"documents": [{"id": "review-1", "text": "A moving, beautifully acted film."},
+                                      "Dull and far too long."], "explain": True}
+        },
     )
 
-    documents: list[StrictStr] = Field(
+    documents: list[Text | Document] = Field(
         min_length=1,
         max_length=MAX_DOCUMENTS,
-        description=f"1 to {MAX_DOCUMENTS} texts, each with at least one word. "
-        "Text past the model's caps is cut (the result says truncated: true).",
+        description=f"1 to {MAX_DOCUMENTS} documents, each a text or an object {{\"id\": ..., \"text\": ...}} "
+        "(a request may mix both): a result carries the object's id, else one the service makes. " + TEXT_RULE,
     )
     explain: StrictBool | Method = Field(
         default=True,
@@ -58,7 +100,14 @@ class ClassifyRequest(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
-    results: list[han.DocumentResult] = Field(description="One result per document, in input order.")
+    request_id: str = Field(
+        description="This request's unique id (32 hex digits, random): with a result's id, where its answer "
+        "is found again."
+    )
+    results: list[han.DocumentResult] = Field(
+        description="One result per document, in input order, each with its id: the document's own, else "
+        "`request_id-index` (index: the document's position in the request, from 0)."
+    )
     model: str = Field(description="The model version that answered (NAME:VERSION in the model store).")
 
     def model_dump_json(self, **kwargs: Any) -> str:

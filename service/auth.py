@@ -2,8 +2,10 @@
 
 Keys come from ``$HAN_API_KEYS_FILE`` (one a line, ``#`` comments; read again when it changes, so a
 key rotates without a restart) or ``$HAN_API_KEYS`` (comma-separated), never the command line, where
-``ps`` shows them. A request sends ``Authorization: Bearer KEY``; keys are compared in constant time
-(their SHA-256, so no length leaks) and never logged. Open without a key: the probes, the page and the
+``ps`` shows them. A key may be followed by the scopes it is limited to (``KEY classify``): a key
+handed to a client app classifies but cannot write feedback (``SCOPES``); a key without scopes may do
+everything. A request sends ``Authorization: Bearer KEY``; keys are compared in constant time (their
+SHA-256, so no length leaks) and never logged. Open without a key: the probes, the page and the
 API docs (no data), and ``/metrics`` with ``HAN_METRICS_OPEN=1``. Bound beyond loopback without keys,
 the service refuses to start unless anonymous access is asked for.
 """
@@ -24,7 +26,11 @@ from starlette.responses import JSONResponse
 
 from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
 
-OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
+OPEN_PATHS = frozenset({"/", "/dashboard", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
+# What each scope allows; a path not listed needs a key without scopes.
+SCOPES = {"classify": frozenset({"/classify", "/model"}), "feedback": frozenset({"/feedback"}),
+          "monitor": frozenset({"/monitor", "/metrics"})}
+Key = tuple[bytes, frozenset[str] | None]  # a key and its scopes (None: all)
 REALM = 'Bearer realm="han"'
 
 Scope = MutableMapping[str, Any]
@@ -37,24 +43,37 @@ class KeysError(ValueError):
 
 def load_keys(settings: Settings) -> list[bytes]:
     """The configured keys (empty: none configured); the file wins over the variable."""
+    return [key for key, _ in load_scoped_keys(settings)]
+
+
+def load_scoped_keys(settings: Settings) -> list[Key]:
+    """The configured keys with their scopes (``KEY [SCOPE ...]``; none: every scope)."""
     if path := settings.keys_file:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise KeysError(f"{KEYS_FILE_ENV}={path}: cannot read the keys ({e.__class__.__name__})") from None
         keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        where = f"{KEYS_FILE_ENV}={path}"
         if not keys:
             raise KeysError(f"{KEYS_FILE_ENV}={path}: the file holds no key (one key per line)")
     elif settings.keys:
         keys = [key.strip() for key in settings.keys.split(",") if key.strip()]
+        where = KEYS_ENV
     else:
         return []
-    for key in keys:  # a header carries printable ASCII; short keys can be guessed
-        if len(key) < 16 or not (key.isascii() and key.isprintable()) or " " in key:
+    out: list[Key] = []
+    for entry in keys:
+        key, *scopes = entry.split()
+        if len(key) < 16 or not (key.isascii() and key.isprintable()):  # a header carries printable ASCII
             raise KeysError(f"an API key must be at least 16 printable ASCII characters without spaces (one of "
                             f"{len(keys)} is not); make one with: python -c 'import secrets; "
                             "print(secrets.token_urlsafe(32))'")
-    return [key.encode("utf-8") for key in keys]
+        if unknown := [scope for scope in scopes if scope not in SCOPES]:
+            raise KeysError(f"{where}: unknown scope {unknown[0]!r} after a key; the scopes are "
+                            f"{', '.join(SCOPES)} (none: all of them)")
+        out.append((key.encode("utf-8"), frozenset(scopes) if scopes else None))
+    return out
 
 
 def bound_host(argv: list[str], settings: Settings) -> str:
@@ -101,9 +120,9 @@ class KeysFile:
     looked at no more than once every ``every`` seconds. A file that cannot be read or holds no key
     is logged and the keys read before stay: a rotation half-written never locks every caller out."""
 
-    def __init__(self, path: str | None, keys: list[bytes], every: float = 1.0) -> None:
+    def __init__(self, path: str | None, keys: list[Key], every: float = 1.0) -> None:
         self.path, self.every = path, every  # no path: the keys stay as given
-        self.digests = [hashlib.sha256(key).digest() for key in keys]
+        self.digests = [(hashlib.sha256(key).digest(), scopes) for key, scopes in keys]
         self._stamp, self._checked = self._stat(), time.monotonic()
 
     def _stat(self) -> tuple[int, int, int] | None:
@@ -115,18 +134,18 @@ class KeysFile:
             return None
         return st.st_mtime_ns, st.st_size, st.st_ino
 
-    def current(self) -> list[bytes]:
+    def current(self) -> list[tuple[bytes, frozenset[str] | None]]:
         if self.path is not None and time.monotonic() - self._checked >= self.every:
             self._checked = time.monotonic()
             stamp = self._stat()
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:
-                    keys = load_keys(Settings(keys_file=self.path))
+                    keys = load_scoped_keys(Settings(keys_file=self.path))
                 except KeysError as e:
                     logging.getLogger("han.service").error("%s; the keys read before stay in use", e)
                 else:
-                    self.digests = [hashlib.sha256(key).digest() for key in keys]
+                    self.digests = [(hashlib.sha256(key).digest(), scopes) for key, scopes in keys]
                     logging.getLogger("han.service").info("API keys read again from %s: %d key(s)", self.path,
                                                           len(keys))
         return self.digests
@@ -138,21 +157,26 @@ class ApiKeyGuard:
 
     def __init__(self, app: App, settings: Settings) -> None:
         self.app = app
-        keys = load_keys(settings)
+        keys = load_scoped_keys(settings)
         self.keys = KeysFile(settings.keys_file if keys else None, keys)  # no keys at start: none ever (loopback)
         self.open = OPEN_PATHS | ({"/metrics"} if settings.metrics_open else set())
 
     @property
-    def digests(self) -> list[bytes]:
+    def digests(self) -> list[tuple[bytes, frozenset[str] | None]]:
         return self.keys.current()
 
     def allowed(self, authorization: bytes | None) -> bool:
+        return self.scopes(authorization) is not False
+
+    def scopes(self, authorization: bytes | None) -> frozenset[str] | bool | None:
+        """The matching key's scopes (None: all), or False when no key matches."""
         scheme, _, token = (authorization or b"").partition(b" ")
         digest = hashlib.sha256(token.strip()).digest()
-        ok = False
-        for known in self.digests:  # every key compared, so the time says nothing about which matched
-            ok |= hmac.compare_digest(digest, known)
-        return ok and scheme.lower() == b"bearer"
+        found: frozenset[str] | bool | None = False
+        for known, scopes in self.digests:  # every key compared, so the time says nothing about which matched
+            if hmac.compare_digest(digest, known):
+                found = scopes
+        return found if scheme.lower() == b"bearer" else False
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
@@ -160,8 +184,13 @@ class ApiKeyGuard:
             await self.app(scope, receive, send)
             return
         authorization = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), None)
-        if self.allowed(authorization):
+        scopes = self.scopes(authorization)
+        if scopes is None or (scopes and any(scope["path"] in SCOPES[s] for s in scopes)):
             await self.app(scope, receive, send)
+            return
+        if scopes:  # a valid key, limited to other scopes
+            message = (f"this API key may not use {scope['path']} (it is limited to: {', '.join(sorted(scopes))})")
+            await JSONResponse({"error": message}, status_code=403)(scope, receive, send)
             return
         if authorization is None:
             message, challenge = "this service needs an API key: send Authorization: Bearer <key>", REALM

@@ -88,6 +88,10 @@ class RequestBatcher(Generic[T, R]):
             self._worker = asyncio.get_running_loop().create_task(self._drain(), context=contextvars.Context())
         return await future
 
+    def busy(self) -> bool:
+        """Requests are waiting, or a batch runs: what work of lower priority (a shadow) gives way to."""
+        return bool(self._queue) or self._limiter.borrowed_tokens > 0
+
     async def _wait_idle(self) -> None:
         await asyncio.sleep(self.idle_seconds)
         if self.on_idle is not None and not self._queue:

@@ -1,8 +1,9 @@
 """The request guard: a bad ``POST /classify`` gets a 4xx naming the problem before BentoML reads it.
 
 Checks the size (the Content-Length header and the bytes actually received, so an over-long body
-is never read whole), UTF-8, JSON syntax and the schema, with messages such as
-``documents[3]: the document must be a string, not a number``.
+is never read whole), UTF-8, JSON syntax and the schema (every rule of it: the schema at ``/docs``
+says exactly what is accepted), with messages such as ``documents[3]: the document is empty or
+whitespace only`` or ``documents[2].id: must be a string, not a number``.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+import anyio.to_thread
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from han.methods import METHODS
-from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, VALIDATED, ClassifyRequest
+from han.pipeline import EMPTY_REASON
+from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS, MAX_ID_CHARS, VALIDATED, ClassifyRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+THREAD_BYTES = 1 << 20  # a body over this is validated in a thread
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -39,10 +43,18 @@ def _where(loc: Sequence[Any]) -> str:
     return out
 
 
+def _blank_reason(value: Any) -> str:
+    """Why a text that does not match api.HAS_WORDS has no word, in the words han.Pipeline uses."""
+    if isinstance(value, str) and value.strip():
+        return EMPTY_REASON
+    return "the document is empty or whitespace only"
+
+
 def describe_error(error: dict[str, Any]) -> tuple[int, str]:
     """An HTTP status and a readable message for one pydantic error about a ClassifyRequest."""
     kind, loc, value = error["type"], tuple(error["loc"]), error.get("input")
     where = _where(loc)
+    in_document = len(loc) >= 2 and loc[0] == "documents" and isinstance(loc[1], int)
     if kind == "json_invalid":
         return 400, f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}"
     if not loc and kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -50,17 +62,25 @@ def describe_error(error: dict[str, Any]) -> tuple[int, str]:
     if kind == "missing":
         return 422, f"{where}: this field is required"
     if kind == "extra_forbidden":
-        return 422, f'{where}: unknown field (the body takes "documents" and "explain")'
-    if len(loc) == 2 and loc[0] == "documents" and kind == "string_type":
-        return 422, f"{where}: the document must be a string, not {_json_kind(value)}"
+        takes = '"id" and "text"' if in_document else '"documents" and "explain"'
+        return 422, f"{where}: unknown field (it takes {takes})"
+    if in_document and len(loc) == 2 and kind == "model_type":
+        shape = 'a string or an object {"id": ..., "text": ...}'
+        return 422, f"{where}: a document must be {shape}, not {_json_kind(value)}"
+    if in_document and kind == "string_pattern_mismatch":
+        return 422, f"{where}: {_blank_reason(value)}"
+    if in_document and kind == "string_type":
+        return 422, f"{where}: must be a string, not {_json_kind(value)}"
+    if in_document and loc[2:] == ("id",) and kind in ("string_too_short", "string_too_long"):
+        return 422, f"{where}: an id is 1 to {MAX_ID_CHARS} characters, not {len(value)}"
     if loc == ("documents",):
         if kind == "too_short":
             return 422, "documents: the list is empty; send at least one document"
-        if kind == "too_long":
+        if kind == "too_long":  # a schema violation: 422 (413 is for a body over the byte limit)
             count = len(value) if isinstance(value, list) else "too many"
-            return 413, f"documents: {count} documents is more than the limit of {MAX_DOCUMENTS} per request"
+            return 422, f"documents: {count} documents is more than the limit of {MAX_DOCUMENTS} per request"
         if kind == "list_type":
-            return 422, f"documents: must be a list of strings, not {_json_kind(value)}"
+            return 422, f"documents: must be a list of documents, not {_json_kind(value)}"
     if loc[:1] == ("explain",):
         wanted = f"true, false or a method name ({', '.join(METHODS)})"
         if isinstance(value, str):
@@ -132,7 +152,10 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         data = bytes(body)
-        request = validate_classify_body(data)
+        if len(data) > THREAD_BYTES:  # megabytes of blanks take a while to check: not on the event loop
+            request = await anyio.to_thread.run_sync(validate_classify_body, data)
+        else:
+            request = validate_classify_body(data)
         if isinstance(request, tuple):
             await error_response(*request)(scope, receive, send)
             return
@@ -173,11 +196,37 @@ class RequestGuard:
 
 
 def _one_per_field(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A union (``explain``: a boolean or a method name) fails once per member: keep the first."""
+    """One error per field, at the field's place. A union fails once per member: ``explain`` (a boolean
+    or a method name) keeps its first; a document (a text or an object) keeps the member of its kind's
+    errors, its location without the member's name (``documents[2].id``)."""
+    kinds: dict[int, str] = {}  # a document's index -> the member its errors come from
+    for error in errors:
+        loc = error["loc"]
+        if _member(loc) == "text" and error["type"] != "string_type":
+            kinds[loc[1]] = "text"  # a string: its text's errors
+        elif _member(loc) == "object" and kinds.get(loc[1]) != "text":
+            kinds[loc[1]] = "object"  # an object's errors, or, for anything else, "not an object"
     seen, out = set(), []
     for error in errors:
-        key = ("explain",) if error["loc"][:1] == ("explain",) else tuple(error["loc"])
+        loc = tuple(error["loc"])
+        member = _member(loc)
+        if member is not None:
+            if kinds[loc[1]] != member:
+                continue
+            error = {**error, "loc": loc[:2] + loc[3:]}
+            loc = error["loc"]
+        key = ("explain",) if loc[:1] == ("explain",) else loc
         if key not in seen:
             seen.add(key)
             out.append(error)
     return out
+
+
+_MEMBERS = {"constrained-str": "text", "Document": "object"}  # pydantic's names of ClassifyRequest's members
+
+
+def _member(loc: Sequence[Any]) -> str | None:
+    """Which member of a document's union an error location is in (None: not a document's)."""
+    if len(loc) >= 3 and loc[0] == "documents" and isinstance(loc[1], int):
+        return _MEMBERS.get(loc[2])
+    return None

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +23,8 @@ import bentoml
 
 import han
 from han.environment import release_free_memory
-from model_store import load_checked
-from model_store.production import forget_replica, pointer_stamp, production_tag, report_replica
+from model_store import load_checked, production_version
+from model_store.production import forget_replica, pointer_stamp, report_replica
 from service.api import ModelInfo, model_info
 
 logger = logging.getLogger("han.service")
@@ -65,9 +66,10 @@ def count_documents(tag: str, documents: int) -> None:
 
 class ModelFollower:
     """Keeps ``current`` on the version that ``name``'s production pointer names (with no pointer: the
-    version it started with; with no name, a worker pinned to one version, it only holds ``current``).
-    Loads run as a task of their own, so the reports go on meanwhile; each report names the pointer it
-    answers (its stamp), so that a failure is never read for a later promotion of the same version."""
+    first-registered version, ``model_store.production_version``; with no name, a worker pinned to one
+    version, it only holds ``current``). Loads run as a task of their own, so the reports go on
+    meanwhile; each report names the pointer it answers (its stamp), so that a failure is never read
+    for a later promotion of the same version."""
 
     def __init__(self, name: str | None, current: Served) -> None:
         self.name = name
@@ -78,6 +80,7 @@ class ModelFollower:
         self._wanted = current.tag
         self._loading: asyncio.Task[None] | None = None
         self._reported = 0.0
+        self.shadow_status: Callable[[], dict[str, object] | None] = lambda: None  # reported beside (monitoring.shadow)
 
     async def run(self) -> None:
         try:
@@ -93,14 +96,14 @@ class ModelFollower:
         stamp = pointer_stamp(self.name)
         if stamp != self._stamp:
             self._stamp, self.failed, self._reported = stamp, None, 0.0
-            self._wanted = production_tag(self.name) or self.start_tag
+            self._wanted = production_version(self.name) or self.start_tag  # no pointer: the first version
         loading = self._loading is not None and not self._loading.done()
         if self._wanted != self.current.tag and not loading and self.failed is None:
             self._loading = asyncio.get_running_loop().create_task(self.switch(self._wanted, stamp))
             loading = True
         if time.monotonic() - self._reported >= REPORT_SECONDS:  # a small file, written here: a thread of its
             report_replica(self.name, self.current.tag, self.failed,  # own would hold a malloc arena of its own
-                           loading=self._wanted if loading else None, pointer=stamp)
+                           loading=self._wanted if loading else None, pointer=stamp, shadow=self.shadow_status())
             self._reported = time.monotonic()
 
     async def switch(self, tag: str, stamp: tuple[int, int] | None) -> None:

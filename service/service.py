@@ -16,26 +16,33 @@ import json
 import logging
 import sys
 from pathlib import Path
+from uuid import uuid4
 
 import bentoml
-from starlette.responses import JSONResponse
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
 
 import han
 from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
 from han.methods import explain_method
-from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, model_path, model_tag_from_env
-from model_store.production import follows_pointer, production_tag, split_tag
-from service.api import ClassifyRequest, ClassifyResponse, ModelInfo
+from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, model_path, model_tag_from_env, production_version
+from model_store.production import follows_pointer, split_tag
+from monitoring.shadow import ShadowRunner
+from service.api import ClassifyRequest, ClassifyResponse, Document, ModelInfo
 from service.auth import ApiKeyGuard, KeysError, bound_host, is_loopback, startup_keys
 from service.batcher import RequestBatcher, observe_batch
 from service.connections import SpreadConnections
 from service.deadline import use_response_deadline
+from service.feedback import feedback_endpoint, feedback_request, model_labels
 from service.guard import RequestGuard, error_response
 from service.models import ModelFollower, Served, count_documents, load_served
+from service.monitor_page import monitor_endpoint
 from service.pages import make_pages
 from service.settings import Settings
+from service.way_back import WayBack
 
-Request = tuple[list[str], str | None, Served]  # (documents, explanation method or None, the model it runs on)
+# (texts, explanation method or None, the model it runs on, the request's id, the documents' ids)
+Request = tuple[list[str], str | None, Served, str, list[str]]
 
 
 def served_model() -> tuple[str, str | None]:
@@ -56,7 +63,7 @@ def served_model() -> tuple[str, str | None]:
     if not follows_pointer(ref):
         return ref, None
     name = split_tag(ref)[0]
-    return production_tag(name) or f"{name}:latest", name
+    return production_version(name) or f"{name}:latest", name  # :latest only in a store with no version of it
 
 
 try:
@@ -64,6 +71,12 @@ try:
 except ValueError as e:
     sys.exit(f"error: {e}")
 MODEL_TAG, FOLLOWS = served_model()
+NAME = split_tag(MODEL_TAG)[0]  # the log, the feedback and the shadow are the name's, whichever version serves
+try:
+    LABELS, MULTI_LABEL = model_labels(model_path(MODEL_TAG)) or (None, False)
+except ModelNotFoundError:  # BentoML's own loading reports it
+    LABELS, MULTI_LABEL = None, False
+FEEDBACK_REQUEST = feedback_request(LABELS, MULTI_LABEL)  # its schema lists the model's labels
 use_response_deadline()  # before BentoML builds a worker's app: no hook runs earlier
 
 
@@ -77,7 +90,7 @@ use_response_deadline()  # before BentoML builds a worker's app: no hook runs ea
     logging={"access": {"enabled": SETTINGS.access_log}},
     tracing={"excluded_urls": [".*"]},
 )
-@bentoml.asgi_app(make_pages(lambda: HANClassifier, MODEL_TAG), path="/")
+@bentoml.asgi_app(make_pages(lambda: HANClassifier, MODEL_TAG, FEEDBACK_REQUEST), path="/")
 class HANClassifier:
     """Document classification with a Hierarchical Attention Network, with explanations."""
 
@@ -114,6 +127,10 @@ class HANClassifier:
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=self._rest, wait=SETTINGS.batch_wait,
         )
+        self.way_back = WayBack(NAME, SETTINGS)  # the inference log, the feedback store, the monitor's gauges
+        self.shadow = ShadowRunner(NAME, lambda tag: load_served(tag).pipeline, self._shadow_answered,
+                                   self.batcher.busy)
+        self.follower.shadow_status = self.shadow.status
         freeze_loaded_objects()  # the collector then walks only what requests allocate
 
     @property
@@ -130,6 +147,7 @@ class HANClassifier:
         """Follow the production pointer (a task of this worker's event loop, kept referenced)."""
         if self.follower.name is not None:
             self._following = asyncio.get_running_loop().create_task(self.follower.run())
+        self._shadowing = asyncio.get_running_loop().create_task(self.shadow.run())
 
     def _rest(self) -> None:
         """Once idle, a worker returns to its size at start: the pipeline's caches, then the freed heap."""
@@ -137,33 +155,69 @@ class HANClassifier:
         release_free_memory()
 
     @bentoml.api(route="/classify", input_spec=ClassifyRequest, output_spec=ClassifyResponse)
-    async def classify(self, documents: list[str], explain: bool | str = True) -> ClassifyResponse | JSONResponse:
+    async def classify(
+        self, documents: list[str | Document], explain: bool | str = True
+    ) -> ClassifyResponse | JSONResponse:
         """Classify documents and, with `explain`, weigh each sentence and word by the chosen method.
 
-        Results come back in input order; documents from concurrent requests are batched together.
+        Results come back in input order, each with its document's id; documents from concurrent
+        requests are batched together.
         """
         served = self.served  # the request finishes on this version, whatever is promoted meanwhile
-        results = await self.batcher((documents, explain_method(explain), served))
-        if isinstance(results, han.DocumentError):
-            return error_response(422, f"documents[{results.index}]: {results.reason}")
+        request_id = uuid4().hex  # random: unique across workers, processes and hosts
+        texts = [d if isinstance(d, str) else d.text for d in documents]
+        ids = [f"{request_id}-{i}" if isinstance(d, str) else d.id for i, d in enumerate(documents)]
+        results = await self.batcher((texts, explain_method(explain), served, request_id, ids))
+        if isinstance(results, han.DocumentError):  # only a text with no word within the model's caps
+            i = results.index
+            where = f"documents[{i}]" if isinstance(documents[i], str) else f"documents[{i}].text"
+            return error_response(422, f"{where}: {results.reason}")
         count_documents(served.tag, len(results))
-        return ClassifyResponse.model_construct(results=results, model=served.tag)
+        self.shadow.offer(request_id, ids, texts)  # after the answer, if a shadow runs: never before it
+        return ClassifyResponse.model_construct(request_id=request_id, results=results, model=served.tag)
 
     def _run_batch(self, requests: list[Request]) -> list[list[han.DocumentResult] | han.DocumentError]:
         """Classify the documents of several requests in as few pipeline calls as possible (one per model
         version and method). A request with a bad document gets its first one back (its index within it)."""
         out: list[list[han.DocumentResult] | han.DocumentError] = [[] for _ in requests]
-        for served, method in dict.fromkeys((s, m) for _, m, s in requests):
-            members = [r for r, (_, m, s) in enumerate(requests) if m == method and s is served]
+        answers, profiles_of = [], {}
+        for served, method in dict.fromkeys((s, m) for _, m, s, _, _ in requests):
+            members = [r for r, (_, m, s, _, _) in enumerate(requests) if m == method and s is served]
             texts = [text for r in members for text in requests[r][0]]
-            results = served.pipeline(texts, explain=method, errors="return")
+            profiles: list[tuple[int, int]] = []
+            results = served.pipeline(texts, explain=method, errors="return", profiles=profiles)
+            saved = served.pipeline.saved
+            profiles_of[served.tag] = (saved.profile, bool(saved.model.config.multi_label))
             start = 0
             for r in members:
-                mine = results[start : start + len(requests[r][0])]
+                end = start + len(requests[r][0])
+                mine = results[start:end]
                 error = next((x for x in mine if isinstance(x, han.DocumentError)), None)
-                out[r] = han.DocumentError(error.index - start, error.reason) if error else mine  # type: ignore[assignment]
-                start += len(mine)
+                if error:
+                    out[r] = han.DocumentError(error.index - start, error.reason)
+                else:
+                    _, _, _, request_id, ids = requests[r]
+                    for result, document_id in zip(mine, ids, strict=True):
+                        result.id = document_id  # type: ignore[union-attr]
+                    out[r] = mine  # type: ignore[assignment]
+                    answers.append((request_id, served.tag, "production", ids, requests[r][0], mine,
+                                    profiles[start:end]))
+                start = end
+        self.way_back.record(answers, profiles_of)  # before any of these answers is sent
         return out
+
+    def _shadow_answered(self, request_id: str, tag: str, ids: list[str], texts: list[str],
+                         results: list[han.DocumentResult], profiles: list[tuple[int, int]]) -> None:
+        self.way_back.record([(request_id, tag, "shadow", ids, texts, results, profiles)], {})
+
+    async def feedback_api(self, request: HTTPRequest) -> Response:
+        """``POST /feedback`` (routed by service.pages)."""
+        return await feedback_endpoint(request, self.way_back.store, FEEDBACK_REQUEST, LABELS,
+                                       self.way_back.feedback_counted)
+
+    async def monitor_api(self, request: HTTPRequest) -> Response:
+        """``GET /monitor`` (routed by service.pages)."""
+        return await monitor_endpoint(request, NAME, self.way_back.store)
 
 
 # The first added is the outermost: every response counts, a refused one too.

@@ -24,6 +24,20 @@ def whole_number(environ: Mapping[str, str], name: str, default: int, unit: str,
 WORKERS_ENV, BATCH_WAIT_ENV = "HAN_WORKERS", "HAN_BATCH_WAIT_MS"
 REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
 KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"
+LOG_ENV, LOG_TEXT_ENV, LOG_FILE_ENV, LOG_CAP_ENV = "HAN_LOG", "HAN_LOG_TEXT", "HAN_LOG_FILE_MB", "HAN_LOG_MAX_MB"
+FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
+
+
+def switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """``environ[name]`` as on (1, true, yes, on) or off (0, false, no, off), else ``default``."""
+    value = environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 (on) or 0 (off), not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,11 @@ class Settings:
     allow_anonymous: bool = False  # serve beyond loopback without keys
     metrics_open: bool = False  # HAN_METRICS_OPEN=1: /metrics without a key
     host: str = "127.0.0.1"  # BENTOML_HOST: the address bound when ``bentoml serve`` is given no --host
+    log: bool = True  # HAN_LOG=0: no inference log
+    log_text: bool = True  # HAN_LOG_TEXT=0: the log keeps a SHA-256 of each document instead of its text
+    log_file_mb: int = 64  # a new log file past this size
+    log_max_mb: int = 2048  # the log's disk cap: the oldest files go past it
+    feedback_store: str | None = None  # a SQLite file or postgresql:// URL (default: beside the production pointer)
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -53,4 +72,9 @@ class Settings:
             allow_anonymous=environ.get(ANONYMOUS_ENV) == "1",
             metrics_open=environ.get("HAN_METRICS_OPEN") == "1",
             host=environ.get("BENTOML_HOST") or cls.host,
+            log=switch(environ, LOG_ENV, cls.log),
+            log_text=switch(environ, LOG_TEXT_ENV, cls.log_text),
+            log_file_mb=whole_number(environ, LOG_FILE_ENV, cls.log_file_mb, "megabytes", "at least 1", minimum=1),
+            log_max_mb=whole_number(environ, LOG_CAP_ENV, cls.log_max_mb, "megabytes", "at least 1", minimum=1),
+            feedback_store=environ.get(FEEDBACK_STORE_ENV, "").strip() or None,
         )

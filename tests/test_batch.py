@@ -145,6 +145,21 @@ def test_every_input_format_to_every_output_format(
         assert expected in e["reason"], e
 
 
+def test_a_column_named_id_is_the_id_unless_another_is_named(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The output's id is the document's id: --id-column's, else the input's column named id, else none."""
+    rows = [{"id": f"doc-{i}", "key": i, "text": r["text"]} for i, r in enumerate(reviews()[:4])]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert score(source, tmp_path / "auto.jsonl", tiny_model_dir, "--workers", "1") == 0
+    assert [o["id"] for o in read_output(tmp_path / "auto.jsonl")] == [r["id"] for r in rows]
+    assert score(source, tmp_path / "key.jsonl", tiny_model_dir, "--id-column", "key", "--workers", "1") == 0
+    assert [o["id"] for o in read_output(tmp_path / "key.jsonl")] == [r["key"] for r in rows]
+    plain = write_input(tmp_path / "plain.parquet", [{"id": None, "text": r["text"]} for r in rows])
+    pq.write_table(pq.read_table(plain).drop_columns(["id"]), plain)
+    assert score(plain, tmp_path / "none.jsonl", tiny_model_dir, "--workers", "1") == 0
+    assert "id" not in read_output(tmp_path / "none.jsonl")[0]
+
+
 def test_texts_that_are_not_strings_are_reported_not_fatal(tmp_path: Path, tiny_model_dir: Path) -> None:
     source = tmp_path / "mixed.jsonl"
     lines = [
@@ -577,9 +592,9 @@ def test_the_output_columns_are_named_after_the_result_fields() -> None:
 
     result_fields = [f.name for f in fields(DocumentResult)]
     spec = OutputSpec(["neg", "pos"], multi_label=True, has_id=True, id_is_int=False, explain=True, ngrams=True)
-    named = [c for c in spec.columns() if c not in ("row", "id") and not c.startswith("score_")]
-    assert named == [f for f in result_fields if f not in ("scores", "sentences")]
-    assert set(named) | {"scores"} <= {f.name for f in fields(ScoredWindow)}
+    named = [c for c in spec.columns() if c != "row" and not c.startswith("score_")]
+    assert named == [f for f in result_fields if f not in ("scores", "sentences")]  # id first, as in a response
+    assert set(named) - {"id"} | {"scores"} <= {f.name for f in fields(ScoredWindow)}  # the id is the input's
     assert [c for c in spec.columns() if c.startswith("score_")] == ["score_neg", "score_pos"]
     plain = OutputSpec(["neg", "pos"], multi_label=False, has_id=False, id_is_int=False, explain=False)
     assert plain.columns() == ["row", "label", "score_neg", "score_pos", "truncated"]

@@ -28,7 +28,8 @@ import yaml
 from service.process import free_port, stop_process_group, wait_ready
 from tests.service_server import REPO, base_env, register_model, tiny_model_dir_quickly
 
-SERVICE_NEEDS = ("torch", "numpy", "pydantic", "pyyaml", "safetensors", "spacy", "bentoml")  # what service/ imports
+SERVICE_NEEDS = ("torch", "numpy", "pydantic", "pyyaml", "safetensors", "spacy", "bentoml", "scipy", "psycopg",
+                 "psycopg-binary")  # what service/ and monitoring/ import (psycopg for a PostgreSQL feedback store)
 
 
 def runtime_closure(roots: tuple[str, ...] = SERVICE_NEEDS) -> dict[str, str]:
@@ -142,7 +143,7 @@ def test_the_bento_holds_every_service_module_and_its_model(bento: dict) -> None
     src = bento["bento"] / "src"
     imported = set()
     for path in (REPO / "service").glob("*.py"):
-        imported |= set(re.findall(r"^(?:from|import) (service\.\w+|han\.\w+|model_store\.\w+)", path.read_text(),
+        imported |= set(re.findall(r"^(?:from|import) ((?:service|han|model_store|monitoring)\.\w+)", path.read_text(),
                                    re.M))
     for module in imported:
         assert (src / (module.replace(".", "/") + ".py")).is_file(), f"{module} is missing from the bento"

@@ -167,7 +167,26 @@ def test_api_docs_page_renders_the_schema(server, page: Page):
     page.goto(server.url + "/docs")
     page.wait_for_function("document.querySelectorAll('.opblock-summary-path').length >= 3")
     paths = page.evaluate("[...document.querySelectorAll('.opblock-summary-path')].map((e) => e.textContent.trim())")
-    assert {"/classify", "/model", "/"} <= set(paths)
+    assert {"/classify", "/model", "/feedback", "/monitor", "/"} <= set(paths)
+
+
+def test_the_dashboard_charts_the_monitor_report(server, page: Page, tmp_path):
+    """The monitor's page draws each version's report: its figures, and the accuracy over time (estimated
+    from the scores, and realised on the feedback) as SVG lines."""
+    status, body = server.post_json("/classify", {"documents": [REVIEW, "Dull and far too long.", "A fine film."],
+                                                  "explain": False})
+    assert status == 200
+    status, _ = server.post_json("/feedback", {"feedback": [{"id": r["id"], "label": "pos"} for r in body["results"]]})
+    assert status == 200
+    page.set_viewport_size({"width": 1200, "height": 1400})
+    page.goto(server.url + "/dashboard")
+    page.wait_for_function("document.body.dataset.state")
+    assert page.evaluate("document.body.dataset.state") == "done", page.inner_text("#error")
+    card = page.locator(f'section[data-model="{body["model"]}"]')
+    assert "estimated accuracy" in card.inner_text() and "realised on" in card.inner_text()
+    paths = page.evaluate("[...document.querySelectorAll('svg path')].map((p) => p.getAttribute('stroke'))")
+    assert "var(--estimate)" in paths and "var(--realised)" in paths
+    page.screenshot(path=str(screenshot_path(tmp_path, "han-dashboard.png")), full_page=True)
 
 
 def _channels(css_color: str) -> list[str]:

@@ -132,9 +132,9 @@ def test_what_cannot_be_compared_is_said_in_one_line(models: dict[str, Path], tm
 
 def test_the_command_compares_stored_models_and_keeps_the_result(models: dict[str, Path], tmp_path: Path) -> None:
     home = tmp_path / "bentoml"
-    worse = register_model(models["worse"], home, "han-cmp")
-    good = register_model(models["good"], home, "han-cmp")  # the latest: han-cmp:production before a promotion
-    done = subprocess.run([sys.executable, "-m", "training.model_cli", "compare", worse, "han-cmp:production",
+    good = register_model(models["good"], home, "han-cmp")  # the first version: han-cmp:production
+    worse = register_model(models["worse"], home, "han-cmp")  # a later fit: served only once promoted
+    done = subprocess.run([sys.executable, "-m", "registry.cli", "compare", worse, "han-cmp:production",
                            "--data", str(DATA), "--json", str(tmp_path / "out.json")],
                           cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -142,13 +142,13 @@ def test_the_command_compares_stored_models_and_keeps_the_result(models: dict[st
     kept = home / "deployments" / "han-cmp" / "comparisons" / f"{worse.split(':')[1]}-vs-{good.split(':')[1]}.json"
     assert json.loads(kept.read_text())["verdict"] == "worse"
     assert json.loads((tmp_path / "out.json").read_text())["new_tag"] == worse
-    bad = subprocess.run([sys.executable, "-m", "training.model_cli", "compare", worse, "han-cmp:nope", "--data",
+    bad = subprocess.run([sys.executable, "-m", "registry.cli", "compare", worse, "han-cmp:nope", "--data",
                           str(DATA)], cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.startswith("error: no model directory or BentoML model named")
     assert len(bad.stderr.strip().splitlines()) == 1
     corrupt = home / "models" / "han-cmp" / worse.split(":")[1] / "model.safetensors"
     corrupt.write_bytes(corrupt.read_bytes()[:100])
-    broken = subprocess.run([sys.executable, "-m", "training.model_cli", "compare", worse, good, "--data", str(DATA)],
+    broken = subprocess.run([sys.executable, "-m", "registry.cli", "compare", worse, good, "--data", str(DATA)],
                             cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
     assert broken.returncode == 1 and "unreadable or mismatched weights" in broken.stderr, broken.stderr
     assert len(broken.stderr.strip().splitlines()) == 1

@@ -1,6 +1,7 @@
 """Promotion and rollback with ``han-model``, followed by two running servers that share one model
 store, under a steady stream of requests: no request fails, every answer names its version, the
-switch is served within 5 s, and a version that cannot load never replaces the serving one."""
+switch is served within 5 s, a version that cannot load never replaces the serving one, and a new fit
+is served only once promoted (a name's first version is production from its registration)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ DATA = FIXTURES / "reviews.jsonl"
 
 
 def han_model(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "training.model_cli", *args], cwd=REPO, env=base_env(home),
+    return subprocess.run([sys.executable, "-m", "registry.cli", *args], cwd=REPO, env=base_env(home),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -74,8 +75,8 @@ class Traffic:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory):
-    """A model store with three versions of one model, version A in production, and two servers
-    (one worker each) that follow it."""
+    """A model store with three versions of one model, version A (the first registered) in production,
+    and two servers (one worker each) that follow it."""
     import torch
 
     torch.set_num_threads(1)
@@ -85,9 +86,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory):
     for key, seed in (("A", 0), ("B", 1)):
         tags[key] = register_model(train_tiny_model(seed=seed)[0].save(tmp / key), home, NAME)
     tags["worse"] = register_model(worse_model(SavedModel.load(tmp / "A")).save(tmp / "worse"), home, NAME)
-    promoted = han_model(home, "promote", tags["A"])  # nothing serves yet: said, and done
-    assert promoted.returncode == 0, promoted.stderr
-    assert "no running service follows" in promoted.stdout
+    status = han_model(home, "status", NAME)  # registered first, so in production without a promotion
+    assert f"production is {tags['A']}" in status.stdout, status.stdout + status.stderr
 
     servers, logs = [], []
     for _ in range(2):
@@ -120,6 +120,29 @@ def wait_for(urls: list[str], tag: str, within: float) -> float:
             return time.monotonic() - started
         time.sleep(0.1)
     raise AssertionError(f"not every server serves {tag} after {within} s: {[model_of(u) for u in urls]}")
+
+
+def test_a_worse_retrain_is_not_served_until_promoted_and_is_refused(deployment: dict) -> None:
+    """The user's story: a retrain registered while A serves is not served, nor after a restart; its
+    promotion is compared with A and refused as worse; forced, then rolled back, A serves again."""
+    home, tags, urls, tmp = deployment["home"], deployment["tags"], deployment["urls"], deployment["tmp"]
+    retrain = register_model(worse_model(SavedModel.load(tmp / "A")).save(tmp / "retrain"), home, NAME)
+    time.sleep(2)  # four looks at the pointer
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    assert f"production is {tags['A']}" in han_model(home, "status", NAME).stdout
+    restart = subprocess.run([sys.executable, "-c", "from service.service import served_model; print(*served_model())"],
+                             cwd=REPO, env=base_env(home) | {"HAN_MODEL_TAG": NAME}, capture_output=True, text=True,
+                             timeout=300)  # what a restarted server would serve
+    assert restart.stdout.strip().splitlines()[-1] == f"{tags['A']} {NAME}", restart.stderr[-2000:]
+    refused = han_model(home, "promote", retrain, "--data", str(DATA))
+    assert refused.returncode == 1 and f"worse than {tags['A']}" in refused.stderr, refused.stderr
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    forced = han_model(home, "promote", retrain, "--force")
+    assert forced.returncode == 0 and f"(was {tags['A']})" in forced.stdout, forced.stderr
+    wait_for(urls, retrain, 5)
+    rolled = han_model(home, "rollback", NAME)
+    assert rolled.returncode == 0 and f"rolled back to {tags['A']}" in rolled.stdout, rolled.stderr
+    wait_for(urls, tags["A"], 5)
 
 
 def test_both_servers_follow_a_promotion_and_a_rollback_under_load(deployment: dict) -> None:
@@ -229,13 +252,14 @@ def test_bad_requests_get_one_line(deployment: dict, monkeypatch) -> None:
 def test_with_nothing_serving_a_version_that_cannot_load_is_not_promoted(deployment: dict) -> None:
     """No service follows this name: han-model loads the version itself, before the pointer moves."""
     home, tmp = deployment["home"], deployment["tmp"]
-    tag = register_model(train_tiny_model(seed=5)[0].save(tmp / "lonely"), home, "han-lonely")
+    first = register_model(train_tiny_model(seed=5)[0].save(tmp / "lonely"), home, "han-lonely")
+    tag = register_model(tmp / "lonely", home, "han-lonely")
     weights = home / "models" / "han-lonely" / tag.split(":")[1] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     refused = han_model(home, "promote", tag, "--force")
     assert refused.returncode == 1 and "does not load" in refused.stderr
-    assert "production stays on nothing" in refused.stderr
-    assert not (home / "deployments" / "han-lonely" / "production.json").exists()
+    assert f"production stays on {first}" in refused.stderr
+    assert json.loads((home / "deployments" / "han-lonely" / "production.json").read_text())["tag"] == first
     assert "Traceback" not in refused.stderr
 
 
@@ -253,3 +277,32 @@ def test_rollback_walks_the_history_back(tmp_path: Path, monkeypatch) -> None:
         rollback_target("han-x")
     set_pointer("han-x:v4", "promote")
     assert rollback_target("han-x") == "han-x:v1"
+
+
+def test_a_store_from_before_the_pointer_serves_its_first_version(tmp_path: Path) -> None:
+    """Versions registered before registration wrote the pointer: production is the first-registered one
+    (not the latest), the first promotion is compared with it and records it, and rollback reaches it."""
+    home, name = tmp_path / "bentoml", "han-old"
+    first = register_model(train_tiny_model(seed=0)[0].save(tmp_path / "first"), home, name)
+    later = register_model(worse_model(SavedModel.load(tmp_path / "first")).save(tmp_path / "later"), home, name)
+    pointer = home / "deployments" / name / "production.json"
+    assert json.loads(pointer.read_text())["tag"] == first
+    pointer.unlink()  # as a store made by an earlier version of the project
+
+    def history() -> list[tuple[str, str]]:
+        return [(entry["action"], entry["tag"]) for entry in json.loads(pointer.read_text())["history"]]
+
+    assert f"production is {first}" in han_model(home, "status", name).stdout
+    refused = han_model(home, "promote", later, "--data", str(DATA))
+    assert refused.returncode == 1 and f"worse than {first}" in refused.stderr, refused.stderr
+    assert history() == [("adopt", first)]
+    forced = han_model(home, "promote", later, "--force")
+    assert forced.returncode == 0 and f"(was {first})" in forced.stdout, forced.stderr
+    assert "no running service follows" in forced.stdout
+    rolled = han_model(home, "rollback", name)
+    assert rolled.returncode == 0 and f"rolled back to {first}" in rolled.stdout, rolled.stderr
+    assert history() == [("adopt", first), ("promote", later), ("rollback", first)]
+
+    pointer.unlink()  # and a new fit registered into such a store is not production either
+    register_model(tmp_path / "later", home, name)
+    assert history() == [("adopt", first)]

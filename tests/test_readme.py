@@ -262,8 +262,17 @@ def python_problems(args: list[str]) -> list[str]:
     ]
 
 
+def feedback_fields() -> set[str]:
+    """The fields of ``POST /feedback``'s body (service/feedback.py builds it with create_model)."""
+    source = (REPO / "service" / "feedback.py").read_text(encoding="utf-8")
+    call = source[source.index('create_model(\n        "FeedbackRequest"'):]
+    return set(re.findall(r"^\s+(\w+)=\(list", call, re.M))
+
+
 def curl_problems(args: list[str]) -> list[str]:
     problems = []
+    fields = feedback_fields() if any(re.search(r"(?:localhost|127\.0\.0\.1)(?::\d+)?/feedback\b", a) for a in args) \
+        else request_fields()
     for i, arg in enumerate(args):
         if arg in ("-d", "--data") and i + 1 < len(args):
             try:
@@ -271,7 +280,7 @@ def curl_problems(args: list[str]) -> list[str]:
             except json.JSONDecodeError as e:
                 problems.append(f"the request body is not JSON ({e})")
                 continue
-            problems += [f"the request has no field {k!r}" for k in body if k not in request_fields()]
+            problems += [f"the request has no field {k!r}" for k in body if k not in fields]
         elif not arg.startswith("-") and (
             m := re.match(r"^(?:https?://)?(?:localhost|127\.0\.0\.1)(?::\d+)?(/\S*)?$", arg)
         ):

@@ -47,7 +47,7 @@ def starting(prefix: str) -> list[str]:
 
 def classify_requests() -> list[str]:
     """The curl lines of "Classify" (the keys example's is run by test_serve_with_api_keys)."""
-    return [c for c in starting("curl -s localhost:3000") if "Authorization" not in c]
+    return [c for c in starting("curl -s localhost:3000") if "Authorization" not in c and "/feedback" not in c]
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +107,17 @@ def test_classify_with_curl_and_python(folder: tuple[Path, dict[str, str]]) -> N
     try:
         out = [json.loads(run(c.replace("localhost:3000", f"localhost:{server.port}"), root, env))
                for c in classify_requests()]
+        (feedback,) = starting("curl -s localhost:3000/feedback")  # the way back: review-1 was classified above
+        assert json.loads(run(feedback.replace("localhost:3000", f"localhost:{server.port}"), root, env)) == {
+            "stored": 1, "unknown": []}
     finally:
         server.stop()
+    (monitor,) = starting(".venv/bin/han-model monitor")
+    report = run(monitor.split("#")[0], root, env)
+    assert "realised accuracy on 1 with feedback" in report, report
     plain, explained, signed, model = out
     assert [r["label"] for r in plain["results"]] and "sentences" not in plain["results"][0]
+    assert [r["id"] for r in plain["results"]] == ["review-1", f"{plain['request_id']}-1"]
     assert explained["results"][0]["method"] == "attention" and explained["results"][0]["sentences"]
     assert signed["results"][0]["method"] == "integrated_gradients"
     assert model["tag"].startswith("han-imdb:") and model["labels"] == ["neg", "pos"]

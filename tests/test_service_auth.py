@@ -124,6 +124,33 @@ def test_a_request_without_the_key_gets_401_and_either_key_works(keyed: ServiceS
     assert not any(key in keyed.log() for key in KEYS)  # never logged, even with the access log on
 
 
+def test_a_key_limited_to_classifying_cannot_write_feedback(keyed: ServiceServer) -> None:
+    """A key handed to a client app (``KEY classify``) classifies; /feedback, /monitor and /metrics refuse it
+    with a 403 naming its scope, while a key without scopes reaches them."""
+    limited = "client-app-key-0123456789abcdef"
+    keys_file = keyed.extra["keys_file"]
+    keys_file.write_text("\n".join(KEYS) + f"\n{limited} classify\n")
+    try:
+        body = json.dumps({"documents": [DOCUMENT]}).encode()
+        deadline = time.monotonic() + 10
+        while keyed.request("POST", "/classify", body, auth(limited))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the keys file is read again within a second
+        assert keyed.request("POST", "/classify", body, auth(limited))[0] == 200
+        assert keyed.request("GET", "/model", headers=auth(limited))[0] == 200
+        feedback = json.dumps({"feedback": [{"id": "no-such-id", "label": "pos"}]}).encode()
+        status, _, raw = keyed.request("POST", "/feedback", feedback, auth(limited))
+        assert status == 403 and "limited to: classify" in json.loads(raw)["error"]
+        for path in ("/monitor", "/metrics"):
+            assert keyed.request("GET", path, headers=auth(limited))[0] == 403, path
+        status, _, raw = keyed.request("POST", "/feedback", feedback, auth(KEYS[0]))  # all scopes: reaches the store
+        assert status == 404 and json.loads(raw)["unknown"] == ["no-such-id"]
+        assert keyed.request("GET", "/monitor", headers=auth(KEYS[0]))[0] == 200
+    finally:
+        keys_file.write_text("\n".join(KEYS) + "\n")
+    with pytest.raises(KeysError, match="unknown scope 'admin'"):
+        load_keys(Settings.read({"HAN_API_KEYS": f"{KEYS[0]} admin"}))
+
+
 def test_get_model_shows_no_path_of_the_training_machine(keyed: ServiceServer) -> None:
     status, _, raw = keyed.request("GET", "/model", headers=auth(KEYS[0]))
     assert status == 200

@@ -109,9 +109,13 @@ def test_the_response_is_the_pipelines_results_as_json(request: pytest.FixtureRe
     texts = [row["text"] for row in read_jsonl("reviews.jsonl")[:6]] + ['Quotes "here" \\ and \ttabs, émigré 😀.']
     for explain in (True, None):
         results = pipeline(texts, explain=explain)
-        data = json.loads(ClassifyResponse.model_construct(results=results, model="han-test:v1").model_dump_json())
+        for i, result in enumerate(results):
+            result.id = f"abc-{i}"
+        response = ClassifyResponse.model_construct(request_id="abc", results=results, model="han-test:v1")
+        data = json.loads(response.model_dump_json())
         ClassifyResponse.model_validate(data)
-        assert data["model"] == "han-test:v1"
+        assert data["model"] == "han-test:v1" and data["request_id"] == "abc"
+        assert [r["id"] for r in data["results"]] == [f"abc-{i}" for i in range(len(texts))]
         for text, result, prediction in zip(texts, data["results"], results, strict=True):
             assert result["label"] == prediction.label and result["labels"] == prediction.labels
             assert result["scores"] == prediction.scores
@@ -233,7 +237,66 @@ def test_the_guard_validates_a_classify_body_once_and_bentoml_takes_its_result(m
     assert len(calls) == 1 and isinstance(parsed[0], spec) and spec is not ClassifyRequest
     assert parsed[0].documents == ["A fine film."] and parsed[0].explain == "occlusion"
     sent = run_async(post(b'{"documents": [3]}'))  # refused by the guard: BentoML never sees it
-    assert sent[0]["status"] == 422 and b"documents[0]: the document must be a string" in sent[1]["body"]
+    assert sent[0]["status"] == 422 and b"documents[0]: a document must be a string or an object" in sent[1]["body"]
     assert len(calls) == 2 and len(parsed) == 1
     assert ClassifyRequest.model_validate_json(body).documents == ["A fine film."]  # outside a request: parsed
     assert len(calls) == 3
+
+
+def test_the_documents_pattern_is_the_segmenters_rule_for_a_word():
+    """api.HAS_WORDS (the schema's pattern, which the guard applies) holds exactly where han's segmenter
+    finds a word (han.segment.has_words without the cap): for every character alone, and for mixes of
+    blanks, break tags and their pieces. Lone surrogates are left out: no JSON text the service accepts
+    holds one. It runs in linear time on pathological input."""
+    import random
+    import re
+    import time
+
+    from han.segment import has_words
+    from service.api import HAS_WORDS
+
+    pattern = re.compile(HAS_WORDS)
+    characters = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    assert [c for c in characters if bool(pattern.match(c)) != has_words(c, 2)] == []
+    pieces = [" ", "\t", "\n", "\x00", "\x1c", "\x85", "\xa0", "\u200b", "\ufeff", "\u3000", "\u2028", "<", ">",
+              "/", "b", "R", "p", "P", "<br>", "<br />", "</p>", "<p>", "< BR/ >", "<P\t/\n>", "<br", "<b r>", "</ p>",
+              "<//p>", "a", ".", "é", "😀"]
+    rng = random.Random(60)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        assert bool(pattern.match(text)) == has_words(text, len(text) + 1), repr(text)
+    started = time.perf_counter()
+    spaces = " " * 500_000
+    for text in (spaces * 2, "<br" + spaces * 2, "<br> " * 200_000, "<p" + spaces + "/" + spaces):
+        pattern.match(text)
+    assert time.perf_counter() - started < 2
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"documents": ["ok", {"id": "a", "text": "<br>"}]}', "documents[1].text: the document has no words"),
+        (b'{"documents": [{"id": 3, "text": "x"}]}', "documents[0].id: must be a string, not a number"),
+        (b'{"documents": ["x", true]}', "documents[1]: a document must be a string or an object"),
+        (b'{"documents": [{"text": "x"}]}', "documents[0].id: this field is required"),
+        (b'{"documents": [{"id": "a", "text": "x", "b": 1}]}', "documents[0].b: unknown field"),
+        (b'{"documents": [""]}', "documents[0]: the document is empty or whitespace only"),
+        (b'{"documents": ["a"], "x": 1}', 'x: unknown field (it takes "documents" and "explain")'),
+    ],
+)
+def test_the_guard_names_a_documents_problem_at_its_place(body: bytes, message: str):
+    """A document is a text or an object: pydantic reports a bad one once per union member; the message
+    is the member's of the document's kind, at the document's place."""
+    from service.guard import validate_classify_body
+
+    status, error = validate_classify_body(body)  # type: ignore[misc]
+    assert status == 422 and error.startswith(message), error
+
+
+def test_a_request_mixes_texts_and_documents_with_ids():
+    from service.api import ClassifyRequest, Document
+    from service.guard import validate_classify_body
+
+    request = validate_classify_body(b'{"documents": ["A fine film.", {"id": "r-2", "text": "Dull."}]}')
+    assert isinstance(request, ClassifyRequest)
+    assert request.documents == ["A fine film.", Document(id="r-2", text="Dull.")]

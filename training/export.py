@@ -25,7 +25,8 @@ from han.calibration import fit_temperature, probabilities
 from han.pipeline import Pipeline
 from han.saved_model import SavedModel
 from training.baseline import MODEL as BASELINE_MODEL
-from training.baseline import Baseline, advice, run_baseline, side_by_side
+from training.baseline import Baseline, advice, labelled_training_split, run_baseline, side_by_side
+from training.data_profile import build_profile
 from training.faithfulness_report import faithfulness_report
 from training.ngram_head import choose_head
 from training.progress import Step, show_in
@@ -160,6 +161,9 @@ class ExportModel(pl.Callback):
             saved.metadata["faithfulness"] = faithfulness
         if self.compare_with and (comparison := self._compare(saved, data)):
             saved.metadata["comparison"] = comparison
+        if "validation" in data.splits:  # what the monitor compares served traffic with (training.data_profile)
+            texts, targets = _split(data, "validation")
+            saved.profile = build_profile(saved, texts, targets, labelled_training_split(data)[1], "validation")
         directory = saved.save(self._root(trainer) / "model")
         rank_zero_info(f"model directory: {directory}")
         if self.register:

@@ -4,7 +4,11 @@
     han-model promote han-imdb:NEW                 # refused if worse than production beyond the noise
     han-model rollback han-imdb                    # back to the version before
     han-model status han-imdb                      # the production version, its history, the servers
+    han-model monitor han-imdb --since 24h         # accuracy estimated and on feedback, input shift
+    han-model export-log han-imdb feedback.jsonl --labelled-only    # the log with its feedback, for han-train
+    han-model shadow han-imdb:NEW --fraction 0.2   # a challenger on live traffic, into the log only
 
+A name's first registered version is its production version; a later fit is served only once promoted.
 Services started with ``HAN_MODEL_TAG=NAME`` (or ``NAME:production``, the default for han-imdb) and
 sharing the model store follow the pointer within seconds; ``promote`` and ``rollback`` wait until
 every running one serves the new version, and put the pointer back if one cannot load it. Nothing
@@ -21,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from han.environment import apply_defaults
-from model_store import ModelNotFoundError, load_checked, resolve_tag
+from model_store import ModelNotFoundError, adopt_production, load_checked, production_version, resolve_tag
 from model_store.production import (
     PromotionError,
     deployment_dir,
     live_replicas,
     locked,
     pointer_stamp,
-    production_tag,
     read_pointer,
     record_decision,
     restore_pointer,
@@ -36,8 +39,11 @@ from model_store.production import (
     set_pointer,
     split_tag,
 )
+from monitoring.feedback_store import StoreError
+from registry.loop_commands import CommandError
 
 WAIT_SECONDS = 60.0
+LoopErrors = (CommandError, StoreError)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +53,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     compare = commands.add_parser("compare", help="both models on the same labelled documents")
     compare.add_argument("new", help="the challenger: a tag (NAME:VERSION) or a model directory")
     compare.add_argument("old", help="the champion, e.g. NAME:production")
-    _data_arguments(compare, required=True)
+    _data_arguments(compare, required=False)
+    compare.add_argument("--shadow", action="store_true",
+                         help="instead of --data: the challenger's shadow answers in the log, against production's "
+                         "on the same live documents (agreement, and accuracy on their feedback)")
+    compare.add_argument("--since", help="with --shadow: a span back from now (24h, 7d) or an ISO time")
+    compare.add_argument("--store", help="with --shadow: the feedback store (default: $HAN_FEEDBACK_STORE, else "
+                         "the one beside the production pointer)")
     compare.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
 
     promote = commands.add_parser("promote", help="make a version the one in production")
@@ -64,7 +76,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     status = commands.add_parser("status", help="the production version, its history and the services")
     status.add_argument("name")
-    return parser.parse_args(argv)
+
+    from registry import loop_commands as loop
+    from registry import shadow_commands  # the way back: the log, feedback, shadow
+
+    loop.add_arguments(commands)
+    shadow_commands.add_arguments(commands)
+    args = parser.parse_args(argv)
+    if args.command == "compare" and bool(args.data) == bool(args.shadow):
+        parser.error("compare takes labelled documents (--data FILE) or the shadow log (--shadow), one of them")
+    return args
 
 
 def _data_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -82,11 +103,19 @@ def comparison_path(new: str, old: str) -> Path:
 
 
 def run_compare(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
-    from training.compare import compare, format_comparison
+    if getattr(args, "shadow", False):
+        from registry.shadow_commands import format_shadow, shadow_comparison
 
-    result = compare(new, old, args.data, text_column=args.text_column, label_column=args.label_column,
-                     limit=args.limit)
-    print(format_comparison(result), flush=True)
+        result = shadow_comparison(new, old, args)
+        print(format_shadow(result), flush=True)
+        if "verdict" not in result:  # no feedback yet: nothing promote could rest on
+            return result
+    else:
+        from training.compare import compare, format_comparison
+
+        result = compare(new, old, args.data, text_column=args.text_column, label_column=args.label_column,
+                         limit=args.limit)
+        print(format_comparison(result), flush=True)
     tags = [_store_tag(ref) for ref in (new, old)]
     if all(tags) and split_tag(tags[0])[0] == split_tag(tags[1])[0]:  # kept where promote looks for it
         path = comparison_path(*tags)
@@ -122,32 +151,34 @@ def promote(args: argparse.Namespace) -> int:
     tag = resolve_tag(args.tag)
     name, _ = split_tag(tag)
     with locked(name):
-        current = production_tag(name)
+        current = adopt_production(name)  # a store from before registration wrote the pointer: its first version
+        if current is None:  # the store lists no version of the name, though the tag resolved
+            raise PromotionError(f"no version of {name} is listed in the model store")
         if current == tag:
             print(f"{tag} is already in production")
             return 0
         details: dict[str, Any] = {"forced": bool(args.force)}
-        if current is not None:
-            comparison = run_compare(tag, current, args) if args.data else stored_comparison(tag, current)
-            if comparison is None and not args.force:
+        comparison = run_compare(tag, current, args) if args.data else stored_comparison(tag, current)
+        if comparison is None and not args.force:
+            raise PromotionError(
+                f"{tag} has not been compared with {current}, the version in production: run "
+                f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
+        if comparison is not None:
+            details["comparison"] = _summary(comparison)
+            worse = comparison.get("verdict") == "worse"  # training.compare.worse_beyond_noise
+            record_decision(name, {"tag": tag, "production": current, **details,
+                                   "decision": "refused" if worse and not args.force else "promoted"})
+            if worse and not args.force:
                 raise PromotionError(
-                    f"{tag} has not been compared with {current}, the version in production: run "
-                    f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
-            if comparison is not None:
-                details["comparison"] = _summary(comparison)
-                worse = comparison.get("verdict") == "worse"  # training.compare.worse_beyond_noise
-                record_decision(name, {"tag": tag, "production": current, **details,
-                                       "decision": "refused" if worse and not args.force else "promoted"})
-                if worse and not args.force:
-                    raise PromotionError(
-                        f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
-                        f"({_figures(comparison)}); --force promotes it anyway")
+                    f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
+                    f"({_figures(comparison)}); --force promotes it anyway")
         return _move(name, tag, "promote", details, args.wait, "promoted")
 
 
 def rollback(args: argparse.Namespace) -> int:
     name = split_tag(args.name)[0]
     with locked(name):
+        adopt_production(name)  # so that a store from before registration wrote the pointer has a history
         return _move(name, rollback_target(name), "rollback", {}, args.wait, "rolled back to")
 
 
@@ -202,16 +233,27 @@ def status(args: argparse.Namespace) -> int:
     name = split_tag(args.name)[0]
     record = read_pointer(name)
     if record is None:
-        print(f"{name}: never promoted; NAME:production means {name}:latest")
+        first = production_version(name)
+        print(f"{name}: production is {first} (its first registered version; no pointer written yet)" if first
+              else f"{name}: no version in the model store")
     else:
         print(f"{name}: production is {record['tag']}")
         for entry in record.get("history", [])[-10:]:
             extra = " (forced)" if entry.get("forced") else ""
             print(f"  {entry['at']}  {entry['action']:<8} {entry['tag']}{extra}")
+    from monitoring.shadow import read_shadow
+
+    if asked := read_shadow(name):
+        print(f"  shadow: {asked['tag']} with {asked['fraction']:.0%} of documents since {asked.get('since')}")
     for key, report in live_replicas(name).items():
         failed = f"; could not load {report['failed']['tag']}" if report.get("failed") else ""
         loading = f"; loading {report['loading']}" if report.get("loading") else ""
-        print(f"  service {key}: serving {report['serving']}{loading}{failed}")
+        shadow = report.get("shadow") or {}
+        shadowing = (f"; shadow {shadow['tag']} ({shadow.get('answered', 0):,} answered, "
+                     f"{shadow.get('dropped', 0):,} dropped)" if shadow.get("tag") else "")
+        if (shadow.get("failed") or {}).get("tag"):
+            shadowing += f"; cannot shadow {shadow['failed']['tag']} ({shadow['failed']['reason']})"
+        print(f"  service {key}: serving {report['serving']}{loading}{failed}{shadowing}")
     return 0
 
 
@@ -239,9 +281,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
             return 0
-        return {"promote": promote, "rollback": rollback, "status": status}[args.command](args)
+        from registry import loop_commands as loop
+        from registry import shadow_commands
+
+        return {"promote": promote, "rollback": rollback, "status": status, "monitor": loop.monitor,
+                "export-log": loop.export_log, "shadow": shadow_commands.shadow}[args.command](args)
     except (PromotionError, ModelNotFoundError) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 1
+    except LoopErrors as e:  # a bad window, an unreadable log or feedback store: one line
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # the model store cannot be read or written (permissions, a full disk)
         print(f"error: {e}", file=sys.stderr)

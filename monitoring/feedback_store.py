@@ -1,0 +1,395 @@
+"""The durable record of what the service answered (the inference log) and of what clients said was right.
+
+Embedded by default: one SQLite file in WAL mode with a busy timeout, which several worker processes and
+replicas on one host write at once. One setting, a ``postgresql://user@host:port/db`` URL, moves it to a
+PostgreSQL server, for replicas on several hosts. Plain DB-API and the same SQL for both (``?``
+placeholders, rewritten for psycopg), so that the two cannot drift apart. Every write is one
+transaction: a batch is kept whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+ROLES = ("production", "shadow")
+MAX_ID_LENGTH = 512
+# How long a writer waits for another process's transaction before giving up (SQLite's busy timeout).
+BUSY_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10
+_CHUNK = 500  # ids per IN (...) query: far below SQLite's limit on parameters
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# A PostgreSQL advisory lock key (any fixed number): concurrent CREATE TABLE IF NOT EXISTS can still
+# collide in PostgreSQL's catalogue, so processes that open the store at once create the schema in turn.
+_SCHEMA_LOCK = 0x48414E46
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (
+  seq {seq},
+  id TEXT NOT NULL CHECK (length(id) BETWEEN 1 AND {max_id}),
+  request_id TEXT NOT NULL,
+  model TEXT NOT NULL,
+  role TEXT NOT NULL CHECK (role IN ('production', 'shadow')),
+  labels {json} NOT NULL,
+  score {real},
+  at {time} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS predictions_id ON predictions (id);
+CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
+CREATE TABLE IF NOT EXISTS feedback (
+  id TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND {max_id}),
+  labels {json} NOT NULL,
+  source TEXT,
+  at {time} NOT NULL
+)
+"""
+_TYPES = {
+    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "json": "TEXT", "time": "TEXT", "real": "REAL"},
+    "postgresql": {"seq": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "json": "JSONB",
+                   "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION"},
+}
+_UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or reached: one line naming it (never with its password) and the problem."""
+
+
+class RejectedError(ValueError):
+    """A batch broke a rule of the store (an id no prediction has, an empty or too long id, an unknown role):
+    nothing of it was written. ``unknown`` lists the ids that no prediction has, in order."""
+
+    def __init__(self, message: str, unknown: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.unknown = list(unknown)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One document's answer as it was served: its label(s) and the top score."""
+
+    id: str
+    labels: list[str]
+    score: float | None = None
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The label(s) a client says are right for a document it had classified."""
+
+    id: str
+    labels: list[str]
+
+
+@dataclass(frozen=True)
+class LabelledPrediction:
+    """A prediction with its feedback (None while there is none), for a report."""
+
+    id: str
+    request_id: str
+    model: str
+    role: str
+    predicted: list[str]
+    score: float | None
+    predicted_at: datetime
+    feedback: list[str] | None
+    feedback_source: str | None
+    feedback_at: datetime | None
+
+
+class FeedbackStore:
+    """Predictions and feedback in one database. One connection per store, its calls serialised by a
+    lock, so a store may be shared by a process's threads; each process opens its own (``open_store``)."""
+
+    def __init__(self, connect: Callable[[], Any], dialect: str, where: str, secrets: Sequence[str] = ()) -> None:
+        self.dialect = dialect
+        self.where = where  # the file or URL without its password: safe to log
+        self._connect = connect
+        self._secrets = [s for s in secrets if s]
+        if dialect == "sqlite":
+            self._integrity, self._db_error = sqlite3.IntegrityError, sqlite3.Error
+        else:
+            import psycopg
+
+            self._integrity, self._db_error = psycopg.IntegrityError, psycopg.Error
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        with self._transaction(write=True) as cur:
+            if dialect == "postgresql":
+                cur.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
+            for statement in _SCHEMA.format(max_id=MAX_ID_LENGTH, **_TYPES[dialect]).split(";"):
+                cur.execute(statement)
+
+    def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
+                           role: str = "production", at: datetime | None = None) -> int:
+        """Log one request's answers (model is the tag, NAME:VERSION) in one transaction; returns how many.
+        An id classified again gets a row more: every answer is kept, the latest wins where one is needed."""
+        return self.record_many([(request_id, model, role, list(predictions))], at)
+
+    def record_many(self, answers: Iterable[tuple[str, str, str, Sequence[Prediction]]],
+                    at: datetime | None = None) -> int:
+        """``record_predictions`` for several requests at once, (request_id, model, role, predictions) each,
+        in one transaction: what a serving worker writes after each model call."""
+        when = self._time(at or datetime.now(UTC))
+        rows = []
+        for request_id, model, role, predictions in answers:
+            if role not in ROLES:
+                raise RejectedError(f"role {role!r} is not one of {', '.join(ROLES)}")
+            rows += [(p.id, request_id, model, role, _labels_json(p.labels), p.score, when) for p in predictions]
+        if rows:
+            with self._transaction(write=True) as cur:
+                cur.executemany("INSERT INTO predictions (id, request_id, model, role, labels, score, at) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def latest_predictions(self, ids: Iterable[str], role: str = "production") -> dict[str, tuple[str, list[str]]]:
+        """Each id's last answer in ``role``: (model, labels)."""
+        wanted, found = list(dict.fromkeys(ids)), {}
+        with self._transaction(write=False) as cur:
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start:start + _CHUNK]
+                cur.execute(f"SELECT id, model, labels FROM predictions WHERE role = ? AND id IN "
+                            f"({', '.join('?' * len(chunk))}) ORDER BY seq", [role, *chunk])
+                found.update((i, (model, _labels(labels))) for i, model, labels in cur.fetchall())
+        return found
+
+    def unknown(self, ids: Iterable[str]) -> list[str]:
+        """The ids (each once, in order) that no recorded prediction has."""
+        with self._transaction(write=False) as cur:
+            return self._unknown(cur, ids)
+
+    def add_feedback(self, items: Iterable[Feedback], source: str | None = None, at: datetime | None = None) -> int:
+        """Record a request's feedback in one transaction, all of it or none (``RejectedError``, with the
+        ids no prediction has); a later feedback for an id replaces the earlier one. Returns how many."""
+        when = self._time(at or datetime.now(UTC))
+        # Sorted by id (stably: a repeated id still ends with its last labels) so that two transactions
+        # upserting the same ids take their row locks in one order and cannot deadlock.
+        rows = sorted(((f.id, _labels_json(f.labels), source, when) for f in items), key=lambda row: row[0])
+        with self._transaction(write=True) as cur:
+            cur.executemany(_UPSERT_FEEDBACK, rows)
+            missing = self._unknown(cur, [row[0] for row in rows])
+            if missing:
+                shown = ", ".join(repr(i) for i in missing[:10]) + (" …" if len(missing) > 10 else "")
+                raise RejectedError(f"no prediction has the id(s) {shown}", missing)
+        return len(rows)
+
+    def joined(self, since: datetime | None = None, until: datetime | None = None, model: str | None = None,
+               role: str | None = None, latest: bool = True, labelled_only: bool = False) -> list[LabelledPrediction]:
+        """Predictions made in [since, until) (by ``model``, in ``role``: all when None) with their feedback,
+        oldest first. ``latest`` keeps one prediction per id and role, the window's last: a reused id is
+        judged on the answer given last."""
+        conditions, params = [], []
+        for clause, value in (("at >= ?", since), ("at < ?", until), ("model = ?", model), ("role = ?", role)):
+            if value is not None:
+                conditions.append(clause)
+                params.append(self._time(value) if isinstance(value, datetime) else value)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        last = " JOIN (SELECT MAX(seq) AS seq FROM w GROUP BY id, role) l ON l.seq = w.seq" if latest else ""
+        join = "JOIN" if labelled_only else "LEFT JOIN"
+        with self._transaction(write=False) as cur:
+            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}) SELECT w.id, w.request_id, w.model, w.role, "
+                        f"w.labels, w.score, w.at, f.labels, f.source, f.at FROM w{last} {join} feedback f "
+                        f"ON f.id = w.id ORDER BY w.seq", params)
+            rows = cur.fetchall()
+        return [LabelledPrediction(i, request, tag, role_, _labels(predicted), score, _from_db(at),
+                                   None if fed is None else _labels(fed), source, None if fed_at is None
+                                   else _from_db(fed_at))
+                for i, request, tag, role_, predicted, score, at, fed, source, fed_at in rows]
+
+    def feedback_count(self, since: datetime | None = None, until: datetime | None = None) -> int:
+        """How many ids have feedback (given in [since, until) where those are set)."""
+        bounds = [(c, self._time(v)) for c, v in (("at >= ?", since), ("at < ?", until)) if v is not None]
+        where = f" WHERE {' AND '.join(c for c, _ in bounds)}" if bounds else ""
+        with self._transaction(write=False) as cur:
+            cur.execute(f"SELECT COUNT(*) FROM feedback{where}", [v for _, v in bounds])
+            return int(cur.fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> FeedbackStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unknown(self, cur: _Cursor, ids: Iterable[str]) -> list[str]:
+        wanted = list(dict.fromkeys(ids))
+        known: set[str] = set()
+        for start in range(0, len(wanted), _CHUNK):
+            chunk = wanted[start:start + _CHUNK]
+            cur.execute(f"SELECT DISTINCT id FROM predictions WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+            known.update(row[0] for row in cur.fetchall())
+        return [i for i in wanted if i not in known]
+
+    def _time(self, when: datetime) -> Any:
+        """UTC; naive times are taken as UTC. SQLite keeps ISO text of one width, so it sorts as time does."""
+        when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+        return when.isoformat(timespec="microseconds") if self.dialect == "sqlite" else when
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+        """One transaction, rolled back on any error."""
+        with self._lock:
+            cursor = self._begin(write)
+            try:
+                yield _Cursor(cursor, self.dialect == "postgresql")
+                cursor.execute("COMMIT")
+            except BaseException as error:
+                with suppress(Exception):
+                    cursor.execute("ROLLBACK")
+                if isinstance(error, self._integrity):
+                    raise RejectedError(self._scrub(error)) from error
+                if isinstance(error, self._db_error):
+                    raise StoreError(f"feedback store {self.where}: {self._scrub(error)}") from error
+                raise
+            finally:
+                with suppress(Exception):
+                    cursor.close()
+
+    def _begin(self, write: bool) -> Any:
+        """A cursor in a new transaction. A broken connection (the PostgreSQL server restarted since) is
+        replaced once, before anything is sent, so that a restart does not cost each worker a request.
+        SQLite writers take the write lock up front (BEGIN IMMEDIATE), waiting their turn for it: one
+        that upgraded from a read later could fail at once."""
+        for attempt in range(2):
+            if self._conn is None or getattr(self._conn, "broken", False) or getattr(self._conn, "closed", False):
+                self._conn = self._open()
+            cursor = self._conn.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE" if write and self.dialect == "sqlite" else "BEGIN")
+                return cursor
+            except self._db_error as error:
+                if attempt or not getattr(self._conn, "broken", False):
+                    raise StoreError(f"feedback store {self.where}: {self._scrub(error)}") from error
+        raise AssertionError("unreachable")
+
+    def _open(self) -> Any:
+        try:
+            return self._connect()
+        except (OSError, self._db_error) as error:
+            raise StoreError(f"feedback store {self.where}: cannot open it: {self._scrub(error)}") from None
+
+    def _scrub(self, error: BaseException) -> str:
+        message = " ".join(str(error).split()) or type(error).__name__
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+
+class _Cursor:
+    """A DB-API cursor that takes SQLite's ``?`` placeholders for either database (no SQL here has a ``?``
+    of another kind)."""
+
+    def __init__(self, cursor: Any, postgres: bool) -> None:
+        self._cursor, self._postgres = cursor, postgres
+
+    def __getattr__(self, name: str) -> Any:  # fetchall, fetchone
+        return getattr(self._cursor, name)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._cursor.execute(sql.replace("?", "%s") if self._postgres else sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self._cursor.executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
+
+
+def open_store(url: str | None, default: Path) -> FeedbackStore:
+    """The store a setting names: empty for the SQLite file ``default``; a file path or ``sqlite:///path``
+    for another one; ``postgresql://user@host:port/db`` for a server. ``StoreError`` when it cannot be opened."""
+    text = (url or "").strip()
+    scheme = _SCHEME.match(text)
+    if not scheme:
+        return _sqlite(Path(text).expanduser() if text else Path(default))
+    name = scheme.group(1).lower()
+    if name == "sqlite" and text[len("sqlite://"):]:
+        return _sqlite(Path(text[len("sqlite://"):]).expanduser())
+    if name in ("postgresql", "postgres"):
+        return _postgres(text)
+    raise StoreError(f"feedback store {redact(text)}: cannot open it: unsupported URL "
+                     "(use a file path, sqlite:///path or postgresql://user@host:port/db)")
+
+
+def redact(url: str) -> str:
+    """The URL without its password or query (which may hold one): fit for a log line or an error."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+        return f"{parts.scheme}://{netloc}{parts.path}"
+    except ValueError:
+        return f"{url.partition('://')[0]}://(unreadable URL)"
+
+
+def _sqlite(path: Path) -> FeedbackStore:
+    def connect() -> sqlite3.Connection:
+        if str(path) != ":memory:":
+            if path.parent.exists() and not path.parent.is_dir():
+                raise NotADirectoryError(f"{path.parent} is not a folder")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level None: transactions are begun explicitly, BEGIN IMMEDIATE for writes.
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        # WAL: readers never block the writer, nor it them. Switching a new file to it can fail at once
+        # with "database is locked", without the busy timeout, while another process does the same: retried.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                # A commit reaches the file before it returns (a killed process loses nothing); the disk
+                # syncs at checkpoints, not at every commit, which would cost each model call milliseconds.
+                conn.execute("PRAGMA synchronous = NORMAL")
+                return conn
+            except sqlite3.Error as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.02)
+
+    return FeedbackStore(connect, "sqlite", str(path))
+
+
+def _postgres(url: str) -> FeedbackStore:
+    where = redact(url)
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreError(f"feedback store {where}: cannot open it: psycopg is not installed") from None
+    try:
+        password = urlsplit(url).password or ""
+    except ValueError:
+        password = ""
+    options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
+    if "connect_timeout" not in url:
+        options["connect_timeout"] = CONNECT_TIMEOUT_S
+    return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, [password, unquote(password)])
+
+
+def _labels_json(labels: Sequence[str]) -> str:
+    if isinstance(labels, str) or not all(isinstance(label, str) for label in labels):
+        raise RejectedError(f"labels must be a list of strings, not {labels!r}")
+    return json.dumps(list(labels))
+
+
+def _labels(value: Any) -> list[str]:
+    return list(json.loads(value) if isinstance(value, str) else value)
+
+
+def _from_db(value: Any) -> datetime:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value.astimezone(UTC)

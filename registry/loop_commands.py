@@ -1,0 +1,222 @@
+"""``han-model monitor`` and ``han-model export-log``: the inference log and the feedback, read back.
+
+    han-model monitor han-imdb --since 24h          # each version that served: estimate, feedback, shift
+    han-model export-log han-imdb labelled.jsonl --labelled-only    # for han-train fit --data.train
+
+Both read the model store's folder only (the log and, by default, the SQLite feedback store beside
+the production pointer; ``$HAN_FEEDBACK_STORE`` or ``--store`` names another), so they run wherever
+the store is mounted, with no service running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from model_store.production import deployment_dir, split_tag
+from monitoring.log_files import log_folder, read_log
+from monitoring.profiles import model_facts
+
+FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
+_SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class CommandError(ValueError):
+    """A bad argument or an unreadable input: one line for the user."""
+
+
+def add_arguments(commands: Any) -> None:
+    """The two sub-commands, on han-model's sub-parsers."""
+    monitor = commands.add_parser("monitor", help="the model in production: accuracy estimated and realised, shift")
+    monitor.add_argument("name", help="the model name, e.g. han-imdb")
+    _window(monitor)
+    monitor.add_argument("--json", metavar="FILE", help="also write the report (with its series over time) as JSON")
+    export = commands.add_parser("export-log", help="the logged documents with their feedback, for han-train")
+    export.add_argument("name", help="the model name, e.g. han-imdb")
+    export.add_argument("out", help="the file to write: .jsonl, .csv or .parquet")
+    export.add_argument("--labelled-only", action="store_true", help="only documents with feedback (--data.train)")
+    export.add_argument(
+        "--role",
+        default="production",
+        choices=["production", "shadow", "all"],
+        help="whose answers to export (default: production)",
+    )
+    _window(export)
+
+
+def _window(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--since", help="a span back from now (30m, 24h, 7d) or an ISO time (default: all)")
+    parser.add_argument("--until", help="an ISO time or a span back from now (default: now)")
+    parser.add_argument(
+        "--store",
+        help=f"the feedback store: a SQLite file or postgresql:// URL "
+        f"(default: ${FEEDBACK_STORE_ENV}, else the one beside the production pointer)",
+    )
+
+
+def parse_time(value: str | None, option: str) -> datetime | None:
+    """``--since``/``--until``: a span back from now, or an ISO date or time (UTC unless it says)."""
+    if not value:
+        return None
+    if match := _SPAN.match(value.strip()):
+        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise CommandError(f"{option}: {value!r} is neither a span (30m, 24h, 7d) nor an ISO time") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def store_url(args: argparse.Namespace) -> str | None:
+    return args.store or os.environ.get(FEEDBACK_STORE_ENV, "").strip() or None
+
+
+def default_store(name: str) -> Path:
+    return deployment_dir(name) / "feedback.sqlite3"
+
+
+def feedback_map(name: str, url: str | None, since: datetime | None, until: datetime | None) -> dict[str, list[str]]:
+    """Each document id with feedback (its predictions made in the window) -> its true labels."""
+    from monitoring.feedback_store import open_store
+
+    path = default_store(name)
+    if url is None and not path.exists():
+        return {}
+    with open_store(url, path) as store:
+        rows = store.joined(since=since, until=until, labelled_only=True)
+    return {row.id: row.feedback for row in rows if row.feedback is not None}
+
+
+def monitor(args: argparse.Namespace) -> int:
+    from monitoring.report import report, series
+
+    name = split_tag(args.name)[0]
+    since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
+    records = list(read_log(log_folder(name), since, until))
+    if not records:
+        window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
+        print(f"{name}: no logged request{window} (the log is {log_folder(name)})")
+        return 0
+    feedback = feedback_map(name, store_url(args), since, until)
+    tags = dict.fromkeys(r["model"] for r in records)
+    models = {tag: facts for tag in tags if (facts := model_facts(tag)) is not None}
+    reports = report(records, feedback, models)
+    for entry in reports:
+        print(format_entry(entry, models.get(entry["model"])))
+    if args.json:
+        for entry in reports:
+            rows = [r for r in records if r["model"] == entry["model"] and r.get("role", "production") == entry["role"]]
+            profile, labels, multi = models.get(entry["model"]) or (None, sorted(rows[0]["scores"]), False)
+            entry["series"] = series(rows, feedback, profile, labels, multi)
+        Path(args.json).write_text(json.dumps({"name": name, "versions": reports}, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def format_entry(entry: dict[str, Any], facts: tuple[Any, ...] | None) -> str:
+    """One version's report as a few readable lines."""
+    fb, shift = entry["feedback"], entry["shift"]
+    lines = [
+        f"{entry['model']} ({entry['role']}): {entry['documents']:,} documents, "
+        f"{entry['first']} to {entry['last']}",
+        "  predicted: " + ", ".join(f"{label} {share:.1%}" for label, share in entry["predicted"].items()),
+        f"  estimated accuracy (from the scores, before labels): {entry['estimated_accuracy']:.4f}",
+    ]
+    if fb["documents"]:
+        low, high = fb["interval"]
+        lines.append(
+            f"  realised accuracy on {fb['documents']:,} with feedback: {fb['accuracy']:.4f} "
+            f"[{low:.4f}, {high:.4f}]; estimated on the same: {fb['estimated_on_them']:.4f} "
+            f"(error {fb['estimated_on_them'] - fb['accuracy']:+.4f})"
+        )
+    else:
+        lines.append("  realised accuracy: no feedback yet")
+    if facts is None or facts[0] is None:
+        lines.append("  input shift: not tested (the model directory has no training profile)")
+        return "\n".join(lines)
+    parts = []
+    for key, what in (("words", "length"), ("oov", "out-of-vocabulary share")):
+        test = shift.get(key)
+        if test:
+            parts.append(
+                f"{what} median {test['median']:g} against {test['reference_median']:g} "
+                f"(KS {test['statistic']:.3f}, p {test['p_value']:.3g})"
+                f"{' SHIFTED' if test['flagged'] else ''}"
+            )
+    if test := shift.get("predicted"):
+        parts.append(
+            f"predicted labels (distance {test['distance']:.3f}, p {test['p_value']:.3g})"
+            f"{' SHIFTED' if test['flagged'] else ''}"
+        )
+    verdict = "SHIFTED beyond noise" if shift["flagged"] else "no shift beyond noise"
+    lines.append(f"  input shift against the training profile: {verdict}")
+    lines.extend(f"    {part}" for part in parts)
+    return "\n".join(lines)
+
+
+def export_log(args: argparse.Namespace) -> int:
+    name = split_tag(args.name)[0]
+    out = Path(args.out)
+    if out.suffix not in (".jsonl", ".csv", ".parquet"):
+        raise CommandError(f"{out}: the output must end in .jsonl, .csv or .parquet")
+    since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
+    roles = None if args.role == "all" else [args.role]
+    feedback = feedback_map(name, store_url(args), since, until)
+    latest: dict[str, dict[str, Any]] = {}
+    for record in read_log(log_folder(name), since, until, roles):
+        if "text" not in record:
+            raise CommandError(
+                f"{log_folder(name)}: the log keeps no text (HAN_LOG_TEXT=0 was set): there is nothing to train on"
+            )
+        latest[record["id"]] = record  # a reused id: the last answer
+    rows = []
+    for doc_id, record in latest.items():
+        truth = feedback.get(doc_id)
+        if args.labelled_only and truth is None:
+            continue
+        multi = len(record.get("labels") or []) != 1 or (truth is not None and len(truth) != 1)
+        rows.append(
+            {
+                "id": doc_id,
+                "text": record["text"],
+                **({"labels": truth} if multi else {"label": None if truth is None else truth[0]}),
+                "predicted": record["label"],
+                "model": record["model"],
+                "time": record["time"],
+            }
+        )
+    if not rows:
+        raise CommandError(
+            f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"
+        )
+    _write(rows, out)
+    labelled = sum(1 for r in rows if r.get("label") is not None or r.get("labels") is not None)
+    print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}")
+    return 0
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> None:
+    """Written beside ``out`` and moved into place: never half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        if out.suffix == ".jsonl":
+            with tmp.open("w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        else:
+            import pandas as pd
+
+            frame = pd.DataFrame(rows)
+            if out.suffix == ".csv":
+                frame.to_csv(tmp, index=False)
+            else:
+                frame.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,141 @@
+"""``han-model shadow`` (start and stop), and the comparison ``han-model compare --shadow`` reads.
+
+    han-model shadow han-imdb:NEW --fraction 0.2    # running services copy 20% of documents to NEW
+    han-model compare han-imdb:NEW han-imdb:production --shadow    # agreement, accuracy on the feedback
+    han-model shadow han-imdb --stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from model_store.production import live_replicas, split_tag
+from monitoring.log_files import log_folder, read_log
+from monitoring.report import wilson
+from monitoring.shadow import read_shadow, start_shadow, stop_shadow
+from registry.loop_commands import CommandError, feedback_map, parse_time, store_url
+
+WAIT_SECONDS = 60.0
+
+
+def add_arguments(commands: Any) -> None:
+    shadow = commands.add_parser("shadow", help="send a share of live documents to a challenger too (into the log)")
+    shadow.add_argument("tag", help="NAME:VERSION to shadow (with --stop: NAME)")
+    shadow.add_argument("--fraction", type=float, default=0.1, help="the share of documents it sees (default 0.1)")
+    shadow.add_argument("--stop", action="store_true", help="end the shadow of NAME")
+    shadow.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
+                        help=f"how long to wait for the running services to load it (default {WAIT_SECONDS:g})")
+
+
+def shadow(args: argparse.Namespace) -> int:
+    from model_store import resolve_tag
+
+    name = split_tag(args.tag)[0]
+    if args.stop:
+        record = stop_shadow(name)
+        print(f"{name}: shadow of {record['tag']} stopped" if record else f"{name}: no shadow was running")
+        return 0
+    if split_tag(args.tag)[1] is None:
+        raise CommandError(f"{args.tag}: name the version to shadow (NAME:VERSION), or --stop to end one")
+    tag = resolve_tag(args.tag)
+    try:
+        start_shadow(tag, args.fraction)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    replicas = live_replicas(name)
+    if not replicas:
+        print(f"shadowing {tag} with {args.fraction:.0%} of documents: no running service follows {name} right "
+              "now; services started from now will")
+        return 0
+    deadline = time.monotonic() + args.wait
+    while True:
+        reports = {k: (r.get("shadow") or {}) for k, r in live_replicas(name).items() if k in replicas}
+        failed = {k: s["failed"]["reason"] for k, s in reports.items() if (s.get("failed") or {}).get("tag") == tag}
+        if failed:
+            key, reason = next(iter(failed.items()))
+            print(f"{tag} cannot be shadowed: it does not load in the service {key} ({reason}); production is "
+                  f"unaffected. `han-model shadow {name} --stop` clears the request")
+            return 1
+        loaded = [k for k, s in reports.items() if s.get("tag") == tag]
+        if len(loaded) == len(reports):
+            print(f"shadowing {tag} with {args.fraction:.0%} of documents: {len(loaded)} service worker(s) "
+                  f"load it; its answers go to the log only (`han-model compare {tag} {name}:production --shadow`)")
+            return 0
+        if time.monotonic() > deadline:
+            print(f"shadow of {tag} asked for, but {len(reports) - len(loaded)} of {len(reports)} service "
+                  f"worker(s) did not load it within {args.wait:g} s: see `han-model status {name}`")
+            return 1
+        time.sleep(0.25)
+
+
+def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The challenger's shadow answers against production's on the same documents: agreement, and
+    accuracy of each on the documents with feedback (with McNemar's exact test on the pairs)."""
+    from model_store import resolve_tag
+
+    name = split_tag(new)[0]
+    challenger = resolve_tag(new)
+    since, until = parse_time(getattr(args, "since", None), "--since"), parse_time(getattr(args, "until", None),
+                                                                                    "--until")
+    production: dict[str, Mapping[str, Any]] = {}
+    shadowed: dict[str, Mapping[str, Any]] = {}
+    for record in read_log(log_folder(name), since, until):
+        if record.get("role") == "shadow" and record["model"] == challenger:
+            shadowed[record["id"]] = record
+        elif record.get("role", "production") == "production":
+            production[record["id"]] = record
+    pairs = [(production[i], s) for i, s in shadowed.items() if i in production]
+    if not pairs:
+        raise CommandError(f"the log has no document that both {challenger} (shadow) and production answered: "
+                           f"start one with `han-model shadow {challenger} --fraction 0.2`")
+    feedback = feedback_map(name, store_url(args), since, until)
+    return compare_pairs(pairs, feedback, challenger, old)
+
+
+def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], feedback: Mapping[str, Sequence[str]],
+                  challenger: str, old: str) -> dict[str, Any]:
+    from scipy.stats import binomtest
+
+    agree = sum(p["labels"] == s["labels"] for p, s in pairs)
+    labelled = [(p, s, feedback[p["id"]]) for p, s in pairs if p["id"] in feedback]
+    new_right = [sorted(s["labels"]) == sorted(t) for _, s, t in labelled]
+    old_right = [sorted(p["labels"]) == sorted(t) for p, _, t in labelled]
+    only_new = sum(n and not o for n, o in zip(new_right, old_right, strict=True))
+    only_old = sum(o and not n for n, o in zip(new_right, old_right, strict=True))
+    p_value = binomtest(only_new, only_new + only_old).pvalue if only_new + only_old else 1.0
+    versions = sorted({p["model"] for p, _ in pairs})
+    result: dict[str, Any] = {
+        "new": challenger, "old": old, "production_versions": versions, "documents": len(pairs),
+        "agreement": round(agree / len(pairs), 4), "agreement_interval": wilson(agree, len(pairs)),
+        "labelled": len(labelled),
+        "new_accuracy": round(sum(new_right) / len(labelled), 4) if labelled else None,
+        "old_accuracy": round(sum(old_right) / len(labelled), 4) if labelled else None,
+        "only_new_right": only_new, "only_old_right": only_old, "p_value": float(f"{p_value:.3g}"),
+    }
+    if labelled:
+        worse = result["new_accuracy"] < result["old_accuracy"] and p_value < 0.05
+        better = result["new_accuracy"] > result["old_accuracy"] and p_value < 0.05
+        result["verdict"] = "worse" if worse else "better" if better else "no difference beyond the noise"
+    return result
+
+
+def format_shadow(result: Mapping[str, Any]) -> str:
+    low, high = result["agreement_interval"]
+    lines = [f"shadow: {result['new']} beside production ({', '.join(result['production_versions'])}) on "
+             f"{result['documents']:,} live documents",
+             f"  agreement with production: {result['agreement']:.4f} [{low:.4f}, {high:.4f}]"]
+    if result["labelled"]:
+        lines.append(f"  on {result['labelled']:,} with feedback: accuracy {result['new_accuracy']:.4f} against "
+                     f"{result['old_accuracy']:.4f} (right only with the challenger {result['only_new_right']}, "
+                     f"only with production {result['only_old_right']}; McNemar exact p = {result['p_value']:.3g}): "
+                     f"{result['verdict']}")
+    else:
+        lines.append("  accuracy: no feedback on these documents yet")
+    return "\n".join(lines)
+
+
+def current_shadow(name: str) -> dict[str, Any] | None:
+    return read_shadow(name)

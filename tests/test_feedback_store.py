@@ -1,0 +1,241 @@
+"""The feedback store, on both of its databases: an SQLite file and a real PostgreSQL server
+(tests/postgres_server.py). What the serving loop relies on: every answer kept, unknown ids told, a later
+feedback replacing an earlier one, a batch written whole or not at all, several processes writing at
+once, the data still there after a restart, and errors of one line that never show a password."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from monitoring.feedback_store import (
+    MAX_ID_LENGTH,
+    Feedback,
+    FeedbackStore,
+    Prediction,
+    RejectedError,
+    StoreError,
+    open_store,
+    redact,
+)
+from tests.postgres_server import _free_port, shared_postgres
+
+MODEL = "han-test:abc123"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty store's setting: a file path, or a fresh database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store" / "feedback.db")
+    return shared_postgres(request.config).create_database()
+
+
+@pytest.fixture
+def store(url: str, tmp_path: Path) -> Iterator[FeedbackStore]:
+    with open_store(url, tmp_path / "unused.db") as opened:
+        yield opened
+
+
+def predictions(*ids: str, label: str = "pos", score: float = 0.9) -> list[Prediction]:
+    return [Prediction(i, [label], score) for i in ids]
+
+
+def test_unknown_ids_in_order(store: FeedbackStore) -> None:
+    assert store.record_predictions("req-1", MODEL, predictions("a", "b")) == 2
+    store.record_predictions("req-2", MODEL, predictions("c"), role="shadow")
+    assert store.unknown(["x", "a", "c", "y", "x", "b"]) == ["x", "y"]
+    assert store.unknown([]) == []
+    many = [f"doc-{n}" for n in range(1200)]  # more than one IN (...) query's worth
+    store.record_predictions("req-3", MODEL, predictions(*many[::2]))
+    assert store.unknown(many) == many[1::2]
+
+
+def test_later_feedback_replaces_the_earlier(store: FeedbackStore) -> None:
+    store.record_predictions("req-1", MODEL, [Prediction("a", ["sport"], 0.8), Prediction("b", ["art", "tech"], 0.7)])
+    store.add_feedback([Feedback("a", ["sport"])], source="first", at=T0)
+    store.add_feedback([Feedback("a", ["politics"]), Feedback("b", ["art", "science"])], source="second",
+                       at=T0 + timedelta(hours=1))
+    assert store.feedback_count() == 2
+    rows = {row.id: row for row in store.joined()}
+    assert rows["a"].feedback == ["politics"]
+    assert rows["a"].feedback_source == "second"
+    assert rows["a"].feedback_at == T0 + timedelta(hours=1)
+    assert rows["b"].predicted == ["art", "tech"]
+    assert rows["b"].feedback == ["art", "science"]
+    assert store.feedback_count(since=T0 + timedelta(minutes=30)) == 2
+    assert store.feedback_count(until=T0 + timedelta(minutes=30)) == 0
+
+
+def test_joined_in_a_window(store: FeedbackStore) -> None:
+    hour = timedelta(hours=1)
+    store.record_predictions("r0", MODEL, predictions("a", "b", label="neg"), at=T0)
+    store.record_predictions("r1", MODEL, predictions("a", label="pos", score=0.6), at=T0 + hour)  # "a" again
+    store.record_predictions("r1s", "challenger:1", predictions("a", label="neg"), role="shadow", at=T0 + hour)
+    store.record_predictions("r2", MODEL, predictions("c"), at=T0 + 3 * hour)
+    store.add_feedback([Feedback("a", ["pos"]), Feedback("c", ["neg"])], source="client")
+
+    window = store.joined(since=T0, until=T0 + 2 * hour)
+    assert [(r.id, r.role, r.predicted, r.feedback) for r in window] == [
+        ("b", "production", ["neg"], None),
+        ("a", "production", ["pos"], ["pos"]),  # the latest answer for a reused id
+        ("a", "shadow", ["neg"], ["pos"]),
+    ]
+    answer = window[1]
+    assert (answer.request_id, answer.model, answer.score, answer.predicted_at) == ("r1", MODEL, 0.6, T0 + hour)
+    assert answer.feedback_source == "client"
+    assert answer.feedback_at is not None and answer.feedback_at.tzinfo is not None
+
+    every = store.joined(since=T0, until=T0 + 2 * hour, role="production", latest=False)
+    assert [(r.id, r.predicted) for r in every] == [("a", ["neg"]), ("b", ["neg"]), ("a", ["pos"])]
+    assert [r.id for r in store.joined(model="challenger:1")] == ["a"]
+    assert [r.id for r in store.joined(since=T0 + 2 * hour)] == ["c"]
+    assert [r.id for r in store.joined(role="production", labelled_only=True)] == ["a", "c"]
+
+
+def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
+    store.record_predictions("req-1", MODEL, predictions("a", "b", "c"))
+    store.add_feedback([Feedback("a", ["neg"])], source="before", at=T0)
+
+    # The database's own constraint (an id longer than any the store keeps) fails the last item, after the
+    # others were upserted in the same transaction: none of them stays.
+    too_long = "z" * (MAX_ID_LENGTH + 1)
+    with pytest.raises(RejectedError):
+        store.add_feedback([Feedback("a", ["pos"]), Feedback("b", ["pos"]), Feedback(too_long, ["pos"])])
+    # An id that no prediction has: told by name, and nothing written either.
+    with pytest.raises(RejectedError, match="'nope'") as rejected:
+        store.add_feedback([Feedback("b", ["pos"]), Feedback("nope", ["pos"]), Feedback("c", ["pos"])])
+    assert rejected.value.unknown == ["nope"]
+    with pytest.raises(RejectedError):
+        store.add_feedback([Feedback("b", "pos")])  # type: ignore[arg-type]  # a string, not a list of labels
+
+    assert store.feedback_count() == 1
+    assert {r.id: (r.feedback, r.feedback_source) for r in store.joined()} == {
+        "a": (["neg"], "before"), "b": (None, None), "c": (None, None)}
+
+    # The same for a prediction batch (an empty id breaks the constraint).
+    with pytest.raises(RejectedError):
+        store.record_predictions("req-2", MODEL, predictions("d", "e", ""))
+    with pytest.raises(RejectedError, match="role"):
+        store.record_predictions("req-2", MODEL, predictions("d"), role="canary")
+    assert store.unknown(["d", "e"]) == ["d", "e"]
+
+
+def test_durable_across_a_restart(url: str, tmp_path: Path) -> None:
+    with open_store(url, tmp_path / "unused.db") as store:
+        store.record_predictions("req-1", MODEL, predictions("a"))
+        store.add_feedback([Feedback("a", ["neg"])])
+    with open_store(url, tmp_path / "unused.db") as store:  # the schema is there already: opened as is
+        assert store.unknown(["a", "b"]) == ["b"]
+        assert [(r.id, r.feedback) for r in store.joined()] == [("a", ["neg"])]
+
+
+def test_default_and_sqlite_urls(tmp_path: Path) -> None:
+    default = tmp_path / "deep" / "folder" / "feedback.db"
+    with open_store(None, default) as store:
+        store.record_predictions("req-1", MODEL, predictions("a"))
+        assert store.dialect == "sqlite"
+    assert default.is_file()
+    with open_store(f"sqlite://{default}", tmp_path / "other.db") as store:
+        assert store.unknown(["a"]) == []
+        mode = store._conn.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    assert not (tmp_path / "other.db").exists()
+
+
+def _write_at_once(url: str, worker: int, batches: int, barrier: multiprocessing.synchronize.Barrier) -> None:
+    """One process of the concurrency test: open the store when the other does, then write."""
+    barrier.wait(60)
+    with open_store(url, Path("unused.db")) as store:
+        store.record_predictions(f"w{worker}-shared", MODEL, predictions("shared"))  # both answer it
+        barrier.wait(60)
+        for batch in range(batches):
+            ids = [f"w{worker}-{batch}-{n}" for n in range(4)]
+            store.record_predictions(f"w{worker}-{batch}", MODEL, predictions(*ids))
+            store.add_feedback([Feedback(ids[0], ["neg"]), Feedback("shared", [f"w{worker}"])], source=f"w{worker}")
+
+
+def test_two_processes_write_at_once(url: str, tmp_path: Path) -> None:
+    """Two real processes open a new store at the same moment (both create its schema) and write to it
+    together; every row of both is kept."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    batches = 25
+    workers = [context.Process(target=_write_at_once, args=(url, w, batches, barrier)) for w in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(180)
+    assert [w.exitcode for w in workers] == [0, 0]
+    with open_store(url, tmp_path / "unused.db") as store:
+        rows = store.joined()
+        assert len(rows) == 2 * batches * 4 + 1
+        assert store.feedback_count() == 2 * batches + 1
+        assert sum(r.feedback == ["neg"] for r in rows) == 2 * batches
+        assert next(r.feedback for r in rows if r.id == "shared") in (["w0"], ["w1"])
+
+
+def test_threads_share_a_store(store: FeedbackStore) -> None:
+    def write(thread: int) -> None:
+        for batch in range(10):
+            store.record_predictions(f"t{thread}-{batch}", MODEL, predictions(f"t{thread}-{batch}"))
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(store.joined()) == 40
+
+
+def test_unopenable_stores_say_why_in_one_line(tmp_path: Path) -> None:
+    secret = "s3cr:et!"
+    encoded = "s3cr%3Aet%21"
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("a file, not a folder")
+    not_a_database = tmp_path / "notes.db"
+    not_a_database.write_text("not SQLite" * 500)
+    cases = {
+        f"mysql://user:{encoded}@db.example:3306/feedback": "unsupported URL",
+        f"postgresql://user:{encoded}@127.0.0.1:{_free_port()}/feedback": "127.0.0.1",  # nothing listens there
+        f"postgresql://user:{encoded}@127.0.0.1:{_free_port()}/feedback?password={encoded}": "cannot open",
+        str(not_a_folder / "feedback.db"): "not a folder",
+        str(tmp_path): "unable to open",  # a folder, not a file
+        f"sqlite://{not_a_database}": "not a database",
+    }
+    for url, problem in cases.items():
+        with pytest.raises(StoreError) as raised:
+            open_store(url, tmp_path / "unused.db")
+        message = str(raised.value)
+        assert "\n" not in message, message
+        assert problem in message, message
+        assert secret not in message and encoded not in message, message
+        assert message.startswith("feedback store "), message
+
+
+def test_redact() -> None:
+    assert redact("postgresql://ann:pw@db:5432/fb?sslmode=require&password=pw") == "postgresql://ann:***@db:5432/fb"
+    assert redact("postgresql://ann@db/fb") == "postgresql://ann@db/fb"
+
+
+def test_reconnects_after_the_server_drops_it(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A PostgreSQL server that restarts ends every connection: the next call opens a new one instead of
+    failing a request."""
+    import psycopg
+
+    server = shared_postgres(request.config)
+    url = server.create_database()
+    with open_store(url, tmp_path / "unused.db") as store:
+        store.record_predictions("req-1", MODEL, predictions("a"))
+        database = url.rsplit("/", 1)[1]
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                                  (database,)).fetchall()
+        assert ended == [(True,)]
+        assert store.unknown(["a", "b"]) == ["b"]

@@ -1,0 +1,104 @@
+"""The inference log's files, written through bentoml.monitor: whole lines only, even from processes
+killed mid-stream, a new file past the size, the oldest files gone past the cap, the text or its hash."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from monitoring.inference_log import InferenceLog, LogSettings, text_hash
+from monitoring.log_files import read_log
+
+
+@dataclass
+class Result:
+    label: str
+    labels: list[str] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def _write(log: InferenceLog, n: int, text: str = "A fine film.", request: str = "r1") -> None:
+    ids = [f"{request}-{i}" for i in range(n)]
+    results = [Result("pos", ["pos"], {"neg": 0.1, "pos": 0.9}) for _ in ids]
+    log.write(request, "han-x:v1", "production", ids, [text] * n, results, [(3, 1)] * n)
+
+
+def test_each_document_is_one_line_with_its_columns(tmp_path: Path) -> None:
+    log = InferenceLog("han-x", LogSettings(), folder=tmp_path)
+    _write(log, 3)
+    records = list(read_log(tmp_path))
+    assert [r["id"] for r in records] == ["r1-0", "r1-1", "r1-2"]
+    first = records[0]
+    assert first["request_id"] == "r1" and first["model"] == "han-x:v1" and first["role"] == "production"
+    assert first["label"] == "pos" and first["labels"] == ["pos"] and first["scores"] == {"neg": 0.1, "pos": 0.9}
+    assert first["words"] == 3 and first["oov"] == round(1 / 3, 4) and first["text"] == "A fine film."
+    assert first["time"].endswith("Z")
+    schema = json.loads((tmp_path / "schema.json").read_text())
+    assert {c["name"] for c in schema["columns"]} >= {"time", "id", "label", "scores", "text"}
+
+
+def test_without_text_only_its_hash_is_kept(tmp_path: Path) -> None:
+    log = InferenceLog("han-y", LogSettings(keep_text=False), folder=tmp_path)
+    _write(log, 1, text="secret review")
+    (record,) = read_log(tmp_path)
+    assert "text" not in record and record["text_sha256"] == text_hash("secret review")
+    assert "secret" not in "".join(p.read_text() for p in (tmp_path / "data").iterdir())
+
+
+def test_files_rotate_and_stay_under_the_cap(tmp_path: Path) -> None:
+    settings = LogSettings(file_bytes=4000, cap_bytes=20_000)
+    log = InferenceLog("han-z", settings, folder=tmp_path)
+    for r in range(60):
+        _write(log, 5, text="x" * 100, request=f"r{r}")
+        time.sleep(0.002)
+    files = sorted((tmp_path / "data").glob("*.jsonl"))
+    assert len(files) > 1
+    # files older than a minute are pruned first; age them to let the cap act on the next rotation
+    for path in files:
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    for r in range(10):
+        _write(log, 5, text="x" * 100, request=f"s{r}")
+    total = sum(p.stat().st_size for p in (tmp_path / "data").glob("*.jsonl"))
+    assert total <= settings.cap_bytes + settings.file_bytes
+    records = list(read_log(tmp_path))
+    assert records[-1]["id"] == "s9-4"  # the newest are kept, the oldest went
+    assert all(p.stat().st_size <= settings.file_bytes for p in (tmp_path / "data").glob("*.jsonl"))
+
+
+def test_a_disabled_log_writes_nothing(tmp_path: Path) -> None:
+    _write(InferenceLog("han-w", LogSettings(enabled=False), folder=tmp_path), 2)
+    assert list(read_log(tmp_path)) == []
+
+
+def _writer(folder: str, ready) -> None:  # a process that logs long lines as fast as it can
+    log = InferenceLog("han-k", LogSettings(), folder=Path(folder))
+    ready.set()
+    r = 0
+    while True:
+        _write(log, 8, text="word " * 3000, request=f"p{os.getpid()}-{r}")
+        r += 1
+
+
+def test_processes_killed_mid_write_leave_only_whole_lines(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    for _ in range(3):
+        ready = context.Event()
+        process = context.Process(target=_writer, args=(str(tmp_path), ready))
+        process.start()
+        assert ready.wait(60)
+        time.sleep(0.3)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+    records = list(read_log(tmp_path))  # a reader never sees half a line, repaired or not
+    assert len(records) > 10
+    InferenceLog("han-k", LogSettings(), folder=tmp_path)  # a restarted worker repairs what a kill left
+    lines = [line for p in (tmp_path / "data").glob("*.jsonl") for line in p.read_text().splitlines(keepends=True)]
+    assert len(lines) == len(records)
+    for line in lines:
+        assert line.endswith("\n")
+        json.loads(line)
