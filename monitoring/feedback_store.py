@@ -1,10 +1,7 @@
-"""The durable record of what the service answered (the inference log) and of what clients said was right.
-
-Embedded by default: one SQLite file in WAL mode with a busy timeout, which several worker processes and
-replicas on one host write at once. One setting, a ``postgresql://user@host:port/db`` URL, moves it to a
-PostgreSQL server, for replicas on several hosts. Plain DB-API and the same SQL for both (``?``
-placeholders, rewritten for psycopg), so that the two cannot drift apart. Every write is one
-transaction: a batch is kept whole or not at all.
+"""What the service answered (each document's id, model and labels; the text is in the inference log) and
+what clients said was right. SQLite by default (WAL, a busy timeout: several workers and replicas on one
+host write at once); a ``postgresql://`` URL for replicas on several hosts. Plain DB-API, the same SQL for
+both (``?`` placeholders, rewritten for psycopg). Every write is one transaction, kept whole or not at all.
 """
 
 from __future__ import annotations
@@ -207,13 +204,22 @@ class FeedbackStore:
                                    else _from_db(fed_at))
                 for i, request, tag, role_, predicted, score, at, fed, source, fed_at in rows]
 
-    def feedback_count(self, since: datetime | None = None, until: datetime | None = None) -> int:
-        """How many ids have feedback (given in [since, until) where those are set)."""
+    def feedback_labels(self, since: datetime | None = None, until: datetime | None = None) -> dict[str, list[str]]:
+        """Every id's feedback (given in [since, until) where those are set): the feedback table alone, which
+        holds one row a labelled document, so a report reads it whole rather than joining every prediction."""
         bounds = [(c, self._time(v)) for c, v in (("at >= ?", since), ("at < ?", until)) if v is not None]
         where = f" WHERE {' AND '.join(c for c, _ in bounds)}" if bounds else ""
         with self._transaction(write=False) as cur:
-            cur.execute(f"SELECT COUNT(*) FROM feedback{where}", [v for _, v in bounds])
-            return int(cur.fetchone()[0])
+            cur.execute(f"SELECT id, labels FROM feedback{where}", [v for _, v in bounds])
+            return {i: _labels(labels) for i, labels in cur.fetchall()}
+
+    def forget_predictions(self, before: datetime) -> int:
+        """Delete the predictions made before ``before`` that no feedback names (the table would otherwise grow
+        a row a document forever); returns how many."""
+        with self._transaction(write=True) as cur:
+            cur.execute("DELETE FROM predictions WHERE at < ? AND id NOT IN (SELECT id FROM feedback)",
+                        [self._time(before)])
+            return int(cur.rowcount or 0)
 
     def close(self) -> None:
         with self._lock:
@@ -366,18 +372,15 @@ def _sqlite(path: Path) -> FeedbackStore:
 
 
 def _postgres(url: str) -> FeedbackStore:
-    where = redact(url)
+    where, password = redact(url), ""
     try:
         import psycopg
     except ImportError:
         raise StoreError(f"feedback store {where}: cannot open it: psycopg is not installed") from None
-    try:
+    with suppress(ValueError):
         password = urlsplit(url).password or ""
-    except ValueError:
-        password = ""
     options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
-    if "connect_timeout" not in url:
-        options["connect_timeout"] = CONNECT_TIMEOUT_S
+    options.update({} if "connect_timeout" in url else {"connect_timeout": CONNECT_TIMEOUT_S})
     return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, [password, unquote(password)])
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ from typing import Any
 import bentoml
 from bentoml.monitoring import MonitorBase
 
-from monitoring.log_files import log_folder, repair
+from monitoring.log_files import dead_writer, log_folder, repair
 
 MONITOR_NAME = "han_inference"
 _warned = 0.0
@@ -73,19 +74,23 @@ class LineFileHandler(logging.Handler):
         self._prune()
 
     def _prune(self) -> None:
-        """Delete the oldest files while the folder holds more than the cap. Never this process's own file,
-        nor one written in the last minute (another worker's current file)."""
-        files = []
+        """Delete the oldest files while the folder holds more than the cap: never a file a process may still
+        be writing (the newest of a live process of this host, or of another host's written this hour)."""
+        files, newest = [], {}
         for path in self.folder.glob("*.jsonl"):
             with contextlib.suppress(OSError):
                 st = path.stat()
                 files.append((st.st_mtime, st.st_size, path))
+                writer = path.stem.partition("-")[2]  # HOST-PID; the names start with their time, so sort as it
+                newest[writer] = max(newest.get(writer, path.name), path.name)
         total = sum(size for _, size, _ in files)
-        recent = time.time() - 60
         for mtime, size, path in sorted(files):
             if total <= self.cap_bytes:
                 break
-            if path == self.path or mtime > recent:
+            writer = path.stem.partition("-")[2]
+            here = writer.rpartition("-")[0] == socket.gethostname()
+            if path == self.path or (newest[writer] == path.name
+                                     and (not dead_writer(path) if here else mtime > time.time() - 3600)):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -94,7 +99,8 @@ class LineFileHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         line = (self.format(record) + "\n").encode("utf-8")
         try:
-            if self.fd is None or (self.size + len(line) > self.file_bytes > 0 and self.size > 0):
+            if (self.fd is None or (self.size + len(line) > self.file_bytes > 0 and self.size > 0)
+                    or os.fstat(self.fd).st_nlink == 0):  # deleted under it (by hand, or another host's prune)
                 self._open()
             os.write(self.fd, line)  # type: ignore[arg-type]  # one call; a kill mid-call: see repair()
             self.size += len(line)
@@ -207,6 +213,12 @@ class InferenceLog:
         requests logged at once: one ``bentoml.monitor`` record costs about 15 us a document, 30 alone)."""
         if not self.settings.enabled or not ids:
             return
+        # In a context of its own: BentoML's record lives in context variables that an exception half-way
+        # would leave set, and its next record in the same context would fail.
+        contextvars.copy_context().run(self._write, request_id, model, role, ids, texts, results, profiles)
+
+    def _write(self, request_id: str | Sequence[str], model: str, role: str, ids: Sequence[str],
+               texts: Sequence[str], results: Sequence[Any], profiles: Sequence[tuple[int, int]]) -> None:
         with bentoml.monitor(self.monitor, monitor_class=LineMonitor, monitor_options=self.options) as m:
             m.log_batch(ids, "id", "feature", "categorical")
             requests = [request_id] * len(ids) if isinstance(request_id, str) else request_id  # one, or one each

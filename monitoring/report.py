@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -172,6 +173,11 @@ def report(
     return out
 
 
+def _seconds(stamp: str) -> float:
+    """A log time (``2026-11-27T12:00:00.000Z``) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def series(
     records: Sequence[Mapping[str, Any]],
     feedback: Mapping[str, Sequence[str]],
@@ -180,18 +186,28 @@ def series(
     multi_label: bool,
     buckets: int = 24,
 ) -> list[dict[str, Any]]:
-    """The same figures over time, for charts: ``buckets`` equal spans of the records' times."""
+    """The same figures over time, for charts: ``buckets`` equal spans of time from the first record to the
+    last (not of record counts, so that a quiet night and a busy day read as such); a span without a record
+    is left out. ``from`` and ``to`` are the span's bounds; the last span includes the last record."""
     if not records:
         return []
-    size = max(1, math.ceil(len(records) / buckets))
+    times = [_seconds(str(r["time"])) for r in records]
+    start, end = min(times), max(times)
+    width = (end - start) / buckets
+    chunks: dict[int, list[Mapping[str, Any]]] = {}
+    for record, when in zip(records, times, strict=True):
+        index = min(buckets - 1, int((when - start) / width)) if width > 0 else 0
+        chunks.setdefault(index, []).append(record)
     out = []
-    for start in range(0, len(records), size):
-        chunk = list(records[start : start + size])
+    for index in sorted(chunks):
+        chunk = chunks[index]
         figures = version_report(chunk, feedback, profile, labels, multi_label)
+        low = start + index * width
+        high = end if width == 0 or index == buckets - 1 else start + (index + 1) * width
         out.append(
             {
-                "from": chunk[0]["time"],
-                "to": chunk[-1]["time"],
+                "from": _iso(low),
+                "to": _iso(high),
                 "documents": figures["documents"],
                 "estimated_accuracy": figures["estimated_accuracy"],
                 "accuracy": figures["feedback"]["accuracy"],
@@ -202,3 +218,8 @@ def series(
             }
         )
     return out
+
+
+def _iso(seconds: float) -> str:
+    """Seconds since the epoch as the log writes times (UTC, milliseconds, Z)."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -146,10 +146,13 @@ class ShadowRunner:
         pipeline, tag = self.pipeline, self.tag
         if pipeline is None or tag is None:
             return
+        await anyio.to_thread.run_sync(self._answer, pipeline, tag, batch, limiter=self._limiter)
+
+    def _answer(self, pipeline: Any, tag: str, batch: list[Copy]) -> None:
+        """In a thread: the challenger's answers, and their record (a file and a queue: never the event loop)."""
         texts = [t for c in batch for t in c.texts]
         profiles: list[tuple[int, int]] = []
-        results = await anyio.to_thread.run_sync(
-            lambda: pipeline(texts, errors="return", profiles=profiles), limiter=self._limiter)
+        results = pipeline(texts, errors="return", profiles=profiles)
         start = 0
         for c in batch:
             end = start + len(c.texts)

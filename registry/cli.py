@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          help="instead of --data: the challenger's shadow answers in the log, against production's "
                          "on the same live documents (agreement, and accuracy on their feedback)")
     compare.add_argument("--since", help="with --shadow: a span back from now (24h, 7d) or an ISO time")
+    compare.add_argument("--until", help="with --shadow: an ISO time or a span back from now (default: now)")
     compare.add_argument("--store", help="with --shadow: the feedback store (default: $HAN_FEEDBACK_STORE, else "
                          "the one beside the production pointer)")
     compare.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
@@ -170,8 +171,9 @@ def promote(args: argparse.Namespace) -> int:
                                    "decision": "refused" if worse and not args.force else "promoted"})
             if worse and not args.force:
                 raise PromotionError(
-                    f"refused: {tag} is worse than {current} beyond the noise on {comparison['data']} "
-                    f"({_figures(comparison)}); --force promotes it anyway")
+                    f"refused: {tag} is worse than {current} beyond the noise on "
+                    f"{comparison.get('data') or 'its comparison'} ({_figures(comparison)}); "
+                    "--force promotes it anyway")
         return _move(name, tag, "promote", details, args.wait, "promoted")
 
 
@@ -263,9 +265,18 @@ def _summary(comparison: dict[str, Any]) -> dict[str, Any]:
 
 
 def _figures(c: dict[str, Any]) -> str:
-    low, high = c["interval"]
-    return (f"{c['metric']} {c['new_score']:.4f} against {c['old_score']:.4f}, difference {c['difference']:+.4f}, "
-            f"95% interval [{low:+.4f}, {high:+.4f}], {c.get('test', 'p')} p = {c['p_value']:.3g}")
+    """The comparison's figures in a few words; those a comparison lacks (one kept by an older version) left out."""
+    parts = []
+    if c.get("new_score") is not None and c.get("old_score") is not None:
+        parts.append(f"{c.get('metric', 'score')} {c['new_score']:.4f} against {c['old_score']:.4f}")
+    if c.get("difference") is not None:
+        parts.append(f"difference {c['difference']:+.4f}")
+    if c.get("interval"):
+        low, high = c["interval"]
+        parts.append(f"95% interval [{low:+.4f}, {high:+.4f}]")
+    if c.get("p_value") is not None:
+        parts.append(f"{c.get('test', 'p')} p = {c['p_value']:.3g}")
+    return ", ".join(parts) or "no figures kept"
 
 
 def _reason(e: BaseException) -> str:

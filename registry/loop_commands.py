@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from monitoring.profiles import model_facts
 FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_NOT_REPORTED = ("text", "text_sha256")  # the monitor holds the window's records: without their text
+_SUM_SLACK = 0.05  # a single-label model's scores sum to 1 (rounded): further off, they are per label
 
 
 class CommandError(ValueError):
@@ -93,12 +96,27 @@ def feedback_map(name: str, url: str | None, since: datetime | None, until: date
     return {row.id: row.feedback for row in rows if row.feedback is not None}
 
 
+def logged(
+    name: str,
+    since: datetime | None,
+    until: datetime | None,
+    roles: Iterable[str] | None = None,
+    drop: Collection[str] = (),
+) -> Iterator[dict[str, Any]]:
+    """``read_log`` of a name's log, in time order; a file that cannot be read is one line for the user."""
+    folder = log_folder(name)
+    try:
+        yield from read_log(folder, since, until, roles, drop=drop)
+    except OSError as e:
+        raise CommandError(f"{folder}: cannot read the inference log ({e.strerror or e})") from None
+
+
 def monitor(args: argparse.Namespace) -> int:
     from monitoring.report import report, series
 
     name = split_tag(args.name)[0]
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
-    records = list(read_log(log_folder(name), since, until))
+    records = list(logged(name, since, until, drop=_NOT_REPORTED))
     if not records:
         window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
         print(f"{name}: no logged request{window} (the log is {log_folder(name)})")
@@ -160,6 +178,10 @@ def format_entry(entry: dict[str, Any], facts: tuple[Any, ...] | None) -> str:
 
 
 def export_log(args: argparse.Namespace) -> int:
+    """Each logged id once (its last answer) with its feedback: ``label`` for a single-label model,
+    ``labels`` (a list) for a multi-label one, decided once for the model, never row by row (han-train
+    reads one label column of one type). An unlabelled row's label is null: ``--data.unlabeled`` reads
+    the text alone, and ``--data.train`` names the row should one slip in."""
     name = split_tag(args.name)[0]
     out = Path(args.out)
     if out.suffix not in (".jsonl", ".csv", ".parquet"):
@@ -168,36 +190,62 @@ def export_log(args: argparse.Namespace) -> int:
     roles = None if args.role == "all" else [args.role]
     feedback = feedback_map(name, store_url(args), since, until)
     latest: dict[str, dict[str, Any]] = {}
-    for record in read_log(log_folder(name), since, until, roles):
+    per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
+    for record in logged(name, since, until, roles):
         if "text" not in record:
             raise CommandError(
                 f"{log_folder(name)}: the log keeps no text (HAN_LOG_TEXT=0 was set): there is nothing to train on"
             )
-        latest[record["id"]] = record  # a reused id: the last answer
-    rows = []
-    for doc_id, record in latest.items():
-        truth = feedback.get(doc_id)
-        if args.labelled_only and truth is None:
-            continue
-        multi = len(record.get("labels") or []) != 1 or (truth is not None and len(truth) != 1)
-        rows.append(
-            {
-                "id": doc_id,
-                "text": record["text"],
-                **({"labels": truth} if multi else {"label": None if truth is None else truth[0]}),
-                "predicted": record["label"],
-                "model": record["model"],
-                "time": record["time"],
-            }
-        )
-    if not rows:
+        tag, labels = record["model"], record.get("labels") or []
+        per_label[tag] = per_label.get(tag, False) or len(labels) != 1 or _per_label_scores(record.get("scores"))
+        latest.pop(record["id"], None)  # a reused id: the last answer, in its place in time
+        latest[record["id"]] = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
+    if args.labelled_only:
+        latest = {doc_id: r for doc_id, r in latest.items() if doc_id in feedback}
+    if not latest:
         raise CommandError(
             f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"
         )
+    multi = multi_label_task(name, {r["model"] for r in latest.values()}, per_label)
+    if multi and out.suffix == ".csv":
+        raise CommandError(f"{out}: {name} is multi-label, and a CSV cell cannot hold a list of labels that "
+                           "han-train reads: write .jsonl or .parquet")
+    rows = [export_row(doc_id, record, feedback.get(doc_id), multi) for doc_id, record in latest.items()]
     _write(rows, out)
-    labelled = sum(1 for r in rows if r.get("label") is not None or r.get("labels") is not None)
-    print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}")
+    labelled = sum(1 for doc_id in latest if doc_id in feedback)
+    column = "labels" if multi else "label"
+    print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}; label column: {column}")
     return 0
+
+
+def _per_label_scores(scores: Any) -> bool:
+    """Scores that do not sum to 1 are one probability a label (sigmoids): a multi-label model's."""
+    return isinstance(scores, Mapping) and bool(scores) and abs(sum(scores.values()) - 1.0) > _SUM_SLACK
+
+
+def multi_label_task(name: str, tags: Collection[str], per_label: Mapping[str, bool]) -> bool:
+    """Whether the exported versions are multi-label: each version's config where the store still has it,
+    else what its logged answers show (``per_label``). Versions of both kinds cannot share one file."""
+    kinds = {}
+    for tag in sorted(tags):
+        facts = model_facts(tag)
+        kinds[tag] = facts[2] if facts is not None else per_label.get(tag, False)
+    if len(set(kinds.values())) > 1:
+        multi = ", ".join(tag for tag, kind in kinds.items() if kind)
+        raise CommandError(f"{name}: the window holds single-label and multi-label versions ({multi} multi-label); "
+                           "export each apart with --since/--until")
+    return any(kinds.values())
+
+
+def export_row(doc_id: str, record: Mapping[str, Any], truth: list[str] | None, multi: bool) -> dict[str, Any]:
+    """One exported document; its label is null without feedback."""
+    if multi:
+        label: dict[str, Any] = {"labels": None if truth is None else list(truth)}
+        predicted = list(record.get("labels") or [])
+    else:
+        label, predicted = {"label": truth[0] if truth else None}, record["label"]
+    return {"id": doc_id, "text": record["text"], **label, "predicted": predicted, "model": record["model"],
+            "time": record["time"]}
 
 
 def _write(rows: list[dict[str, Any]], out: Path) -> None:

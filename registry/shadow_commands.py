@@ -8,17 +8,18 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from model_store.production import live_replicas, split_tag
-from monitoring.log_files import log_folder, read_log
-from monitoring.report import wilson
+from monitoring.report import Z95, wilson
 from monitoring.shadow import read_shadow, start_shadow, stop_shadow
-from registry.loop_commands import CommandError, feedback_map, parse_time, store_url
+from registry.loop_commands import CommandError, feedback_map, logged, parse_time, store_url
 
 WAIT_SECONDS = 60.0
+ALPHA = 0.05  # better or worse only below this p value (as training.compare)
 
 
 def add_arguments(commands: Any) -> None:
@@ -73,21 +74,25 @@ def shadow(args: argparse.Namespace) -> int:
 
 def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
     """The challenger's shadow answers against production's on the same documents: agreement, and
-    accuracy of each on the documents with feedback (with McNemar's exact test on the pairs)."""
+    accuracy of each on the documents with feedback (with McNemar's exact test on the pairs). A shadow
+    answer is paired with production's answer to the same request (its copy keeps the request's id) and
+    document: a client's ids need not be unique across requests."""
     from model_store import resolve_tag
 
     name = split_tag(new)[0]
     challenger = resolve_tag(new)
     since, until = parse_time(getattr(args, "since", None), "--since"), parse_time(getattr(args, "until", None),
                                                                                     "--until")
-    production: dict[str, Mapping[str, Any]] = {}
-    shadowed: dict[str, Mapping[str, Any]] = {}
-    for record in read_log(log_folder(name), since, until):
+    production: dict[tuple[str, str], dict[str, Any]] = {}
+    shadowed: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in logged(name, since, until, drop=("text", "text_sha256")):
+        key = (str(record.get("request_id")), str(record["id"]))
+        answer = {"id": record["id"], "model": record["model"], "labels": record.get("labels") or []}
         if record.get("role") == "shadow" and record["model"] == challenger:
-            shadowed[record["id"]] = record
+            shadowed[key] = answer
         elif record.get("role", "production") == "production":
-            production[record["id"]] = record
-    pairs = [(production[i], s) for i, s in shadowed.items() if i in production]
+            production[key] = answer
+    pairs = [(production[key], s) for key, s in shadowed.items() if key in production]
     if not pairs:
         raise CommandError(f"the log has no document that both {challenger} (shadow) and production answered: "
                            f"start one with `han-model shadow {challenger} --fraction 0.2`")
@@ -97,41 +102,63 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
 
 def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], feedback: Mapping[str, Sequence[str]],
                   challenger: str, old: str) -> dict[str, Any]:
+    """The comparison of (production, shadow) answer pairs, in the keys ``han-model promote`` reads of any
+    comparison (data, metric, new_score, old_score, difference, interval, p_value, test, verdict), so that a
+    challenger worse on the shadow feedback is refused like one worse on labelled data. A reused id's
+    feedback judges its last pair only (as the feedback store judges the last answer)."""
     from scipy.stats import binomtest
 
     agree = sum(p["labels"] == s["labels"] for p, s in pairs)
-    labelled = [(p, s, feedback[p["id"]]) for p, s in pairs if p["id"] in feedback]
+    last = {p["id"]: (p, s) for p, s in pairs}
+    labelled = [(p, s, feedback[i]) for i, (p, s) in last.items() if i in feedback]
     new_right = [sorted(s["labels"]) == sorted(t) for _, s, t in labelled]
     old_right = [sorted(p["labels"]) == sorted(t) for p, _, t in labelled]
     only_new = sum(n and not o for n, o in zip(new_right, old_right, strict=True))
     only_old = sum(o and not n for n, o in zip(new_right, old_right, strict=True))
     p_value = binomtest(only_new, only_new + only_old).pvalue if only_new + only_old else 1.0
     versions = sorted({p["model"] for p, _ in pairs})
+    n = len(labelled)
     result: dict[str, Any] = {
-        "new": challenger, "old": old, "production_versions": versions, "documents": len(pairs),
+        "new": challenger, "old": old, "production_versions": versions, "paired": len(pairs),
         "agreement": round(agree / len(pairs), 4), "agreement_interval": wilson(agree, len(pairs)),
-        "labelled": len(labelled),
-        "new_accuracy": round(sum(new_right) / len(labelled), 4) if labelled else None,
-        "old_accuracy": round(sum(old_right) / len(labelled), 4) if labelled else None,
+        "data": f"the shadow log ({n:,} live documents with feedback)", "documents": n, "labelled": n,
+        "metric": "accuracy",
+        "new_score": round(sum(new_right) / n, 4) if n else None,
+        "old_score": round(sum(old_right) / n, 4) if n else None,
+        "difference": round((only_new - only_old) / n, 4) if n else None,
+        "interval": paired_interval(only_new, only_old, n),
         "only_new_right": only_new, "only_old_right": only_old, "p_value": float(f"{p_value:.3g}"),
+        "test": "McNemar exact",
     }
-    if labelled:
-        worse = result["new_accuracy"] < result["old_accuracy"] and p_value < 0.05
-        better = result["new_accuracy"] > result["old_accuracy"] and p_value < 0.05
+    result["new_accuracy"], result["old_accuracy"] = result["new_score"], result["old_score"]
+    if n:
+        worse = only_new < only_old and p_value < ALPHA
+        better = only_new > only_old and p_value < ALPHA
         result["verdict"] = "worse" if worse else "better" if better else "no difference beyond the noise"
     return result
+
+
+def paired_interval(only_new: int, only_old: int, n: int) -> list[float] | None:
+    """The 95% Wald interval of the difference of two proportions measured on the same ``n`` documents,
+    from the discordant pairs alone (the concordant ones cancel out of the difference)."""
+    if n == 0:
+        return None
+    d = (only_new - only_old) / n
+    se = math.sqrt(max(0.0, only_new + only_old - (only_new - only_old) ** 2 / n)) / n
+    return [round(max(-1.0, d - Z95 * se), 4), round(min(1.0, d + Z95 * se), 4)]
 
 
 def format_shadow(result: Mapping[str, Any]) -> str:
     low, high = result["agreement_interval"]
     lines = [f"shadow: {result['new']} beside production ({', '.join(result['production_versions'])}) on "
-             f"{result['documents']:,} live documents",
+             f"{result['paired']:,} live documents",
              f"  agreement with production: {result['agreement']:.4f} [{low:.4f}, {high:.4f}]"]
     if result["labelled"]:
-        lines.append(f"  on {result['labelled']:,} with feedback: accuracy {result['new_accuracy']:.4f} against "
-                     f"{result['old_accuracy']:.4f} (right only with the challenger {result['only_new_right']}, "
-                     f"only with production {result['only_old_right']}; McNemar exact p = {result['p_value']:.3g}): "
-                     f"{result['verdict']}")
+        low, high = result["interval"]
+        lines.append(f"  on {result['labelled']:,} with feedback: accuracy {result['new_score']:.4f} against "
+                     f"{result['old_score']:.4f}, difference {result['difference']:+.4f} [{low:+.4f}, {high:+.4f}] "
+                     f"(right only with the challenger {result['only_new_right']}, only with production "
+                     f"{result['only_old_right']}; McNemar exact p = {result['p_value']:.3g}): {result['verdict']}")
     else:
         lines.append("  accuracy: no feedback on these documents yet")
     return "\n".join(lines)

@@ -1,14 +1,16 @@
 """``POST /feedback``: the true label of a document the service classified, when someone learns it.
 
-The request schema is built from the served model's labels, so a client generated from ``/docs.json``
-knows them (``label`` for a single-label model, ``labels`` for a multi-label one). Feedback for ids
-the store knows is written durably (``monitoring.feedback_store``); the rest of the request is never
-lost for an unknown id: the known items are stored, and the answer is a 404 naming the unknown ones.
+The schema at ``/docs`` lists the served model's labels (``label`` for a single-label model,
+``labels`` for a multi-label one), so a client generated from it knows them; the service reads the
+labels as strings and checks each item against the version that answered its id, so that one bad
+item never loses the others: the rest are stored durably (``monitoring.feedback_store``), and the
+answer names what was refused (404: ids no answer has; 422: labels the answering version lacks).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from monitoring.feedback_store import Feedback, FeedbackStore, RejectedError, StoreError
 from service.api import MAX_ID_CHARS
+from service.way_back import model_facts
 
 MAX_FEEDBACK = 1000  # items per request
 MAX_FEEDBACK_BYTES = 1024 * 1024
@@ -61,14 +64,34 @@ def feedback_request(labels: list[str] | None, multi_label: bool) -> type[BaseMo
     return request
 
 
-def store_feedback(store: FeedbackStore, items: list[Any], source: str | None) -> FeedbackResponse:
-    """Store the items whose ids the store knows (one transaction); name the others."""
-    feedback = [Feedback(item.id, list(item.labels) if hasattr(item, "labels") else [item.label]) for item in items]
-    unknown = store.unknown([f.id for f in feedback])
-    missing = set(unknown)
-    known = [f for f in feedback if f.id not in missing]
-    stored = store.add_feedback(known, source=source) if known else 0
-    return FeedbackResponse(stored=stored, unknown=unknown)
+def truth(item: Any) -> list[str]:
+    return list(item.labels) if hasattr(item, "labels") else [item.label]
+
+
+def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, flush: Callable[[float], bool],
+                   served_labels: list[str] | None) -> tuple[FeedbackResponse, dict[str, tuple[str, list[str]]],
+                                                             list[tuple[int, str]]]:
+    """Store each item whose id was answered and whose labels are the answering version's (one transaction);
+    returns what was stored with the ids no answer has, the answers found (id: model, labels), and the
+    items refused for their labels (index, why)."""
+    ids = [item.id for item in items]
+    answered = store.latest_predictions(ids)
+    if len(answered) < len(set(ids)) and flush(1.0):  # an answer of this worker may still be on its way
+        answered.update(store.latest_predictions([i for i in ids if i not in answered]))
+    unknown = list(dict.fromkeys(i for i in ids if i not in answered))
+    refused, keep = [], []
+    for k, item in enumerate(items):
+        if item.id not in answered:
+            continue
+        facts = model_facts(answered[item.id][0])  # cached: a version's labels never change
+        known = facts[1] if facts else served_labels
+        if bad := [label for label in truth(item) if known is not None and label not in known]:
+            refused.append((k, f"{bad[0]!r} is not a label of {answered[item.id][0]} (its labels: "
+                               f"{', '.join(known or [])})"))
+        else:
+            keep.append(Feedback(item.id, truth(item)))
+    stored = store.add_feedback(keep, source=source) if keep else 0
+    return FeedbackResponse(stored=stored, unknown=unknown), answered, refused
 
 
 def unknown_message(unknown: list[str], stored: int) -> str:
@@ -98,10 +121,11 @@ def describe(error: dict[str, Any], labels: list[str] | None) -> str:
     return f"{where}: {error['msg']}"
 
 
-async def feedback_endpoint(request: Request, store: FeedbackStore, request_type: type[BaseModel],
+async def feedback_endpoint(request: Request, writer: Any, request_type: type[BaseModel],
                             labels: list[str] | None, counted: Any) -> Response:
-    """``POST /feedback``: 200 with how many were stored; 404 naming unknown ids (the others are stored);
-    4xx naming any other problem, with nothing stored."""
+    """``POST /feedback``: 200 with how many were stored; 404 naming unknown ids and 422 naming labels the
+    answering model does not have (the other items are stored either way); 4xx naming any other problem
+    of the request (nothing stored); 503 while the store cannot be reached."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
@@ -121,14 +145,20 @@ async def feedback_endpoint(request: Request, store: FeedbackStore, request_type
     items = parsed.feedback  # type: ignore[attr-defined]
     source = request.headers.get("x-feedback-source")
     try:
-        answer = await anyio.to_thread.run_sync(store_feedback, store, items, source)
-        answered = await anyio.to_thread.run_sync(store.latest_predictions, [i.id for i in items])
-    except RejectedError as e:  # an id classified meanwhile by nobody: as unknown
+        store = await anyio.to_thread.run_sync(lambda: writer.store)
+        answer, answered, refused = await anyio.to_thread.run_sync(
+            store_feedback, store, items, source, writer.flush, labels)
+    except RejectedError as e:  # an answer deleted meanwhile (retention): as unknown
         return JSONResponse({"error": f"feedback: {e}", "stored": 0, "unknown": e.unknown}, status_code=404)
     except StoreError as e:
         return JSONResponse({"error": f"feedback was not stored: {e}"}, status_code=503)
-    truths = {f.id: list(f.labels) if hasattr(f, "labels") else [f.label] for f in items}
-    counted({k: v for k, v in answered.items() if k not in set(answer.unknown)}, truths)
+    stored = {f.id for k, f in enumerate(items) if f.id in answered and k not in dict(refused)}
+    counted({i: answered[i] for i in stored}, {f.id: truth(f) for f in items})
+    if refused:
+        k, why = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        return JSONResponse({"error": f"feedback[{k}]: {why}{more}; the other {answer.stored} item(s) were stored",
+                             **answer.model_dump(), "refused": [k for k, _ in refused]}, status_code=422)
     if answer.unknown:
         return JSONResponse({"error": unknown_message(answer.unknown, answer.stored), **answer.model_dump()},
                             status_code=404)

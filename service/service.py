@@ -76,7 +76,8 @@ try:
     LABELS, MULTI_LABEL = model_labels(model_path(MODEL_TAG)) or (None, False)
 except ModelNotFoundError:  # BentoML's own loading reports it
     LABELS, MULTI_LABEL = None, False
-FEEDBACK_REQUEST = feedback_request(LABELS, MULTI_LABEL)  # its schema lists the model's labels
+FEEDBACK_REQUEST = feedback_request(LABELS, MULTI_LABEL)  # the schema at /docs: it lists the model's labels
+FEEDBACK_READ = feedback_request(None, MULTI_LABEL)  # what is read: labels as strings, checked item by item
 use_response_deadline()  # before BentoML builds a worker's app: no hook runs earlier
 
 
@@ -212,12 +213,12 @@ class HANClassifier:
 
     async def feedback_api(self, request: HTTPRequest) -> Response:
         """``POST /feedback`` (routed by service.pages)."""
-        return await feedback_endpoint(request, self.way_back.store, FEEDBACK_REQUEST, LABELS,
+        return await feedback_endpoint(request, self.way_back.writer, FEEDBACK_READ, LABELS,
                                        self.way_back.feedback_counted)
 
     async def monitor_api(self, request: HTTPRequest) -> Response:
         """``GET /monitor`` (routed by service.pages)."""
-        return await monitor_endpoint(request, NAME, self.way_back.store)
+        return await monitor_endpoint(request, NAME, SETTINGS.feedback_store, self.way_back.writer.default)
 
 
 # The first added is the outermost: every response counts, a refused one too.

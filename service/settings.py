@@ -25,7 +25,7 @@ WORKERS_ENV, BATCH_WAIT_ENV = "HAN_WORKERS", "HAN_BATCH_WAIT_MS"
 REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
 KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"
 LOG_ENV, LOG_TEXT_ENV, LOG_FILE_ENV, LOG_CAP_ENV = "HAN_LOG", "HAN_LOG_TEXT", "HAN_LOG_FILE_MB", "HAN_LOG_MAX_MB"
-FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
+FEEDBACK_STORE_ENV, RETENTION_ENV = "HAN_FEEDBACK_STORE", "HAN_FEEDBACK_RETENTION_DAYS"
 
 
 def switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -56,6 +56,7 @@ class Settings:
     log_file_mb: int = 64  # a new log file past this size
     log_max_mb: int = 2048  # the log's disk cap: the oldest files go past it
     feedback_store: str | None = None  # a SQLite file or postgresql:// URL (default: beside the production pointer)
+    feedback_retention_days: int = 90  # answers without feedback are forgotten by the store after this
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -77,4 +78,14 @@ class Settings:
             log_file_mb=whole_number(environ, LOG_FILE_ENV, cls.log_file_mb, "megabytes", "at least 1", minimum=1),
             log_max_mb=whole_number(environ, LOG_CAP_ENV, cls.log_max_mb, "megabytes", "at least 1", minimum=1),
             feedback_store=environ.get(FEEDBACK_STORE_ENV, "").strip() or None,
-        )
+            feedback_retention_days=whole_number(environ, RETENTION_ENV, cls.feedback_retention_days, "days",
+                                                 "at least 1", minimum=1),
+        ).checked()
+
+    def checked(self) -> Settings:
+        """Settings that make sense together: a log file is at most a quarter of the log's cap, so that the
+        cap holds with a file open in each of a few workers."""
+        if self.log_file_mb * 4 > self.log_max_mb:
+            raise ValueError(f"{LOG_FILE_ENV}={self.log_file_mb} must be at most a quarter of {LOG_CAP_ENV}="
+                             f"{self.log_max_mb} (the megabytes of one log file, against the whole log's cap)")
+        return self

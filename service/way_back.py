@@ -1,58 +1,57 @@
 """What a serving worker keeps of each answer, for the way back from production to the next fit.
 
 After each model call, in the batch's thread and before any of its responses is sent: one inference
-log line per document (``monitoring.inference_log``, through ``bentoml.monitor``), one prediction row
-per document in the feedback store (so that ``POST /feedback`` can check ids), and the monitor's
-counters in ``/metrics``. A request answered with a 200 is therefore in the log even if its worker is
-killed a moment later. A copy of a share of the requests goes to the shadow, if one is running.
+log line per document (``monitoring.inference_log``, through ``bentoml.monitor``; about 15 us a
+document), and the monitor's counters in ``/metrics``. A request answered with a 200 is therefore in
+the log even if its worker is killed a moment later. Each answer's id also goes to the feedback store
+(so that ``POST /feedback`` can tell an unknown id), but through a queue that a thread of its own
+writes: a slow or unreachable database never holds an answer back, and a worker starts without one.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import han
 from model_store.production import deployment_dir
-from monitoring.feedback_store import FeedbackStore, Prediction, StoreError, open_store
+from monitoring.feedback_store import FeedbackStore, Prediction, StoreError, open_store, redact
 from monitoring.inference_log import InferenceLog, LogSettings
-from monitoring.report import expected_right, ks_distance
+from monitoring.profiles import model_facts as read_model_facts
+from monitoring.report import expected_right, ks_distance, realised_right
 from service.settings import Settings
 
 logger = logging.getLogger("han.service")
 WINDOW = 1000  # the documents a worker's shift gauges are computed on
 SHIFT_EVERY = 200  # ... recomputed after this many
+QUEUE_ROWS = 100_000  # predictions waiting for the store; past this, new ones are dropped (and counted)
+RETRY_SECONDS = 5.0  # after the store fails, the next try
+RETENTION_EVERY = 3600.0  # seconds between deletions of old predictions
 Answer = tuple[str, str, str, list[str], list[str], list[han.DocumentResult], list[tuple[int, int]]]
 # (request_id, model tag, role, ids, texts, results, profiles)
 
 
-def feedback_store(name: str, settings: Settings) -> FeedbackStore:
-    """The store ``$HAN_FEEDBACK_STORE`` names, else the SQLite file beside the production pointer."""
-    return open_store(settings.feedback_store, default_store_path(name))
+model_facts = functools.lru_cache(64)(read_model_facts)  # a version's files never change
 
 
 def default_store_path(name: str) -> Path:
     return deployment_dir(name) / "feedback.sqlite3"
 
 
-def _by_version(answers: Sequence[Answer]) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
-    """The answers' documents as rows (request_id, id, text, result, profile), by (model, role)."""
-    out: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-    for request_id, tag, role, ids, texts, results, profiles in answers:
-        out.setdefault((tag, role), []).extend(
-            (request_id, *row) for row in zip(ids, texts, results, profiles, strict=True))
-    return out
-
-
 class Metrics:
     """The monitor's gauges in /metrics, per model version, summed over workers and replicas by Prometheus:
     documents' expected correctness (estimated accuracy = its rate over han_documents_total's), words and
-    unknown words, feedback and feedback that agreed; and each worker's shift distance on its last
-    documents against the training profile (the largest across workers)."""
+    unknown words, feedback and its agreement (the report's measure: 1 or 0, or the share of labels right
+    for a multi-label model); and each worker's shift distance on its last documents against the training
+    profile (the largest across workers)."""
 
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge
@@ -61,11 +60,89 @@ class Metrics:
                                 "from its scores (estimated accuracy: its rate over han_documents_total's)", ["model"])
         self.words = Counter("han_words", "Words read, by model version", ["model"])
         self.unknown = Counter("han_unknown_words", "Words out of the model's vocabulary", ["model"])
-        self.feedback = Counter("han_feedback", "Documents given feedback, by the version that answered", ["model"])
-        self.right = Counter("han_feedback_correct", "... of which the answer was right", ["model"])
+        self.feedback = Counter("han_feedback", "Feedback received, by the version that answered", ["model"])
+        self.right = Counter("han_feedback_correct", "... how right the answers were (a share for multi-label)",
+                             ["model"])
+        self.dropped = Counter("han_feedback_store_dropped", "Answers not recorded in the feedback store (its "
+                               "queue was full)")
         self.shift = Gauge("han_input_shift", "Kolmogorov-Smirnov distance of the last documents' length or "
                            "unknown-word share from the training profile's", ["model", "feature"],
                            multiprocess_mode="max")
+
+
+class StoreWriter:
+    """The feedback store of a worker, opened on first use and written by a thread of its own."""
+
+    def __init__(self, url: str | None, default: Path, retention_days: int, dropped: Any) -> None:
+        self.url, self.default, self.retention = url, default, timedelta(days=retention_days)
+        self._store: FeedbackStore | None = None
+        self._failed_at = 0.0
+        self._open_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, str, str, list[Prediction]]] = queue.Queue(QUEUE_ROWS)
+        self._dropped = dropped
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pruned = 0.0
+        threading.Thread(target=self._write, name="han-feedback-store", daemon=True).start()
+
+    @property
+    def store(self) -> FeedbackStore:
+        """The open store; StoreError (one line) while it cannot be reached (tried again after a pause)."""
+        with self._open_lock:
+            if self._store is None:
+                if time.monotonic() - self._failed_at < RETRY_SECONDS and self._failed_at:
+                    where = redact(self.url) if self.url else self.default
+                    raise StoreError(f"feedback store {where}: not reachable (tried "
+                                     f"{time.monotonic() - self._failed_at:.0f} s ago)")
+                try:
+                    self._store = open_store(self.url, self.default)
+                except StoreError:
+                    self._failed_at = time.monotonic()
+                    raise
+            return self._store
+
+    def put(self, answers: Sequence[tuple[str, str, str, list[Prediction]]]) -> None:
+        for answer in answers:
+            try:
+                self._queue.put_nowait(answer)
+                self._idle.clear()
+            except queue.Full:
+                self._dropped().inc(len(answer[3]))
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what was queued is written (what ``POST /feedback`` does before naming an id unknown)."""
+        return self._idle.wait(timeout) if not self._queue.empty() or not self._idle.is_set() else True
+
+    def _write(self) -> None:
+        warned = 0.0
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < 1000:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            while True:
+                try:
+                    self.store.record_many(batch)
+                    self._retain()
+                    break
+                except Exception as e:  # the store is down: keep the rows, try again after a pause
+                    if time.monotonic() - warned > 60:
+                        warned = time.monotonic()
+                        logger.error("cannot record predictions in the feedback store: %s",
+                                     f"{e.__class__.__name__}: {e}".splitlines()[0])
+                    if self._queue.qsize() >= QUEUE_ROWS // 2:  # and drop the oldest rather than grow
+                        self._dropped().inc(sum(len(a[3]) for a in batch))
+                        break
+                    time.sleep(RETRY_SECONDS)
+            if self._queue.empty():
+                self._idle.set()
+
+    def _retain(self) -> None:
+        if time.monotonic() - self._pruned > RETENTION_EVERY:
+            self._pruned = time.monotonic()
+            self.store.forget_predictions(datetime.now(UTC) - self.retention)
 
 
 class WayBack:
@@ -75,14 +152,24 @@ class WayBack:
         self.name = name
         self.log = InferenceLog(name, LogSettings(settings.log, settings.log_text, settings.log_file_mb * 2**20,
                                                   settings.log_max_mb * 2**20))
-        self.store = feedback_store(name, settings)
-        self.metrics: Metrics | None = None
+        self._metrics: Metrics | None = None
+        self._metrics_lock = threading.Lock()
+        self.writer = StoreWriter(settings.feedback_store, default_store_path(name), settings.feedback_retention_days,
+                                  lambda: self.metrics.dropped)
         self._recent: dict[str, collections.deque[tuple[int, float]]] = {}
         self._since_shift: dict[str, int] = {}
         self._warned = 0.0
 
+    @property
+    def metrics(self) -> Metrics:
+        """Created on first use, after BentoML has set up Prometheus's multi-process folder."""
+        with self._metrics_lock:
+            if self._metrics is None:
+                self._metrics = Metrics()
+            return self._metrics
+
     def record(self, answers: Sequence[Answer], profiles_of: dict[str, tuple[dict[str, Any] | None, bool]]) -> None:
-        """Log and store a model call's answers; never raises (a full disk or a lost database is logged)."""
+        """Log a model call's answers and queue them for the store; never raises (a full disk is logged)."""
         try:
             for (tag, role), rows in _by_version(answers).items():  # one record of the monitor per version
                 request_ids, ids, texts, results, profiles = (list(column) for column in zip(*rows, strict=True))
@@ -90,19 +177,17 @@ class WayBack:
         except Exception as e:  # the answer matters more than its record
             self._warn("cannot write the inference log", e)
         try:
-            self.store.record_many([(request_id, tag, role, [Prediction(i, r.labels, max(r.scores.values()))
-                                                             for i, r in zip(ids, results, strict=True)])
-                                    for request_id, tag, role, ids, _, results, _ in answers])
-        except (StoreError, Exception) as e:
-            self._warn("cannot record predictions in the feedback store", e)
-        for _, tag, role, _, _, results, profiles in answers:
-            if role == "production":
-                self._count(tag, results, profiles, *profiles_of.get(tag, (None, False)))
+            self.writer.put([(request_id, tag, role, [Prediction(i, r.labels, max(r.scores.values()))
+                                                      for i, r in zip(ids, results, strict=True)])
+                             for request_id, tag, role, ids, _, results, _ in answers])
+            for _, tag, role, _, _, results, profiles in answers:
+                if role == "production":
+                    self._count(tag, results, profiles, *profiles_of.get(tag, (None, False)))
+        except Exception as e:
+            self._warn("cannot count the answers in /metrics", e)
 
     def _count(self, tag: str, results: list[han.DocumentResult], profiles: list[tuple[int, int]],
                profile: dict[str, Any] | None, multi_label: bool) -> None:
-        if self.metrics is None:
-            self.metrics = Metrics()  # after BentoML has set up Prometheus's multi-process folder
         m = self.metrics
         m.expected.labels(model=tag).inc(sum(expected_right({"scores": r.scores, "labels": r.labels}, profile,
                                                             multi_label) for r in results))
@@ -119,16 +204,26 @@ class WayBack:
                     m.shift.labels(model=tag, feature=feature).set(distance)
 
     def feedback_counted(self, answered: dict[str, tuple[str, list[str]]], truths: dict[str, list[str]]) -> None:
-        """Count feedback against the version that answered each id."""
-        if self.metrics is None:
-            self.metrics = Metrics()
+        """Count feedback against the version that answered each id, as the report measures it."""
         for doc_id, (tag, predicted) in answered.items():
             if doc_id in truths:
+                facts = model_facts(tag)
+                labels, multi = (facts[1], facts[2]) if facts else (sorted(set(predicted) | set(truths[doc_id])), False)
                 self.metrics.feedback.labels(model=tag).inc()
-                if sorted(predicted) == sorted(truths[doc_id]):
-                    self.metrics.right.labels(model=tag).inc()
+                self.metrics.right.labels(model=tag).inc(
+                    realised_right({"label": predicted[0] if predicted else "", "labels": predicted},
+                                   truths[doc_id], labels, multi))
 
     def _warn(self, what: str, e: BaseException) -> None:
         if time.monotonic() - self._warned > 60:  # once a minute at most: the log must not flood
             self._warned = time.monotonic()
             logger.error("%s: %s", what, f"{e.__class__.__name__}: {e}".splitlines()[0])
+
+
+def _by_version(answers: Sequence[Answer]) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+    """The answers' documents as rows (request_id, id, text, result, profile), by (model, role)."""
+    out: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for request_id, tag, role, ids, texts, results, profiles in answers:
+        out.setdefault((tag, role), []).extend(
+            (request_id, *row) for row in zip(ids, texts, results, profiles, strict=True))
+    return out

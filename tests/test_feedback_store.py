@@ -62,15 +62,15 @@ def test_later_feedback_replaces_the_earlier(store: FeedbackStore) -> None:
     store.add_feedback([Feedback("a", ["sport"])], source="first", at=T0)
     store.add_feedback([Feedback("a", ["politics"]), Feedback("b", ["art", "science"])], source="second",
                        at=T0 + timedelta(hours=1))
-    assert store.feedback_count() == 2
+    assert len(store.feedback_labels()) == 2
     rows = {row.id: row for row in store.joined()}
     assert rows["a"].feedback == ["politics"]
     assert rows["a"].feedback_source == "second"
     assert rows["a"].feedback_at == T0 + timedelta(hours=1)
     assert rows["b"].predicted == ["art", "tech"]
     assert rows["b"].feedback == ["art", "science"]
-    assert store.feedback_count(since=T0 + timedelta(minutes=30)) == 2
-    assert store.feedback_count(until=T0 + timedelta(minutes=30)) == 0
+    assert len(store.feedback_labels(since=T0 + timedelta(minutes=30))) == 2
+    assert len(store.feedback_labels(until=T0 + timedelta(minutes=30))) == 0
 
 
 def test_joined_in_a_window(store: FeedbackStore) -> None:
@@ -115,7 +115,7 @@ def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
     with pytest.raises(RejectedError):
         store.add_feedback([Feedback("b", "pos")])  # type: ignore[arg-type]  # a string, not a list of labels
 
-    assert store.feedback_count() == 1
+    assert len(store.feedback_labels()) == 1
     assert {r.id: (r.feedback, r.feedback_source) for r in store.joined()} == {
         "a": (["neg"], "before"), "b": (None, None), "c": (None, None)}
 
@@ -176,7 +176,7 @@ def test_two_processes_write_at_once(url: str, tmp_path: Path) -> None:
     with open_store(url, tmp_path / "unused.db") as store:
         rows = store.joined()
         assert len(rows) == 2 * batches * 4 + 1
-        assert store.feedback_count() == 2 * batches + 1
+        assert len(store.feedback_labels()) == 2 * batches + 1
         assert sum(r.feedback == ["neg"] for r in rows) == 2 * batches
         assert next(r.feedback for r in rows if r.id == "shared") in (["w0"], ["w1"])
 

@@ -65,8 +65,8 @@ def test_files_rotate_and_stay_under_the_cap(tmp_path: Path) -> None:
         _write(log, 5, text="x" * 100, request=f"s{r}")
     total = sum(p.stat().st_size for p in (tmp_path / "data").glob("*.jsonl"))
     assert total <= settings.cap_bytes + settings.file_bytes
-    records = list(read_log(tmp_path))
-    assert records[-1]["id"] == "s9-4"  # the newest are kept, the oldest went
+    ids = {r["id"] for r in read_log(tmp_path)}
+    assert "s9-4" in ids and "r0-0" not in ids  # the newest are kept, the oldest went
     assert all(p.stat().st_size <= settings.file_bytes for p in (tmp_path / "data").glob("*.jsonl"))
 
 
@@ -102,3 +102,43 @@ def test_processes_killed_mid_write_leave_only_whole_lines(tmp_path: Path) -> No
     for line in lines:
         assert line.endswith("\n")
         json.loads(line)
+
+
+def _log_file(folder: Path, name: str, records: list[dict], mtime: float) -> Path:
+    path = folder / "data" / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def _at(second: int, worker: str, role: str = "production") -> dict:
+    return {"time": f"2026-11-27T12:00:{second:02d}.000Z", "id": f"{worker}{second}", "role": role,
+            "model": "m:1", "text": "x" * 10}
+
+
+def test_two_workers_files_are_read_in_time_order(tmp_path: Path) -> None:
+    now = time.time()
+    # worker a wrote the even seconds and b the odd ones; a's file was modified last, b's first line is later
+    _log_file(tmp_path, "a", [_at(s, "a") for s in range(0, 20, 2)], now)
+    _log_file(tmp_path, "b", [_at(s, "b") for s in range(1, 20, 2)], now - 5)
+    _log_file(tmp_path, "c", [_at(s, "c") for s in range(40, 45)], now - 1)  # a later file, rotated
+    (tmp_path / "data" / "d.jsonl").write_text('{"time": "2026-11-27T12:00:03.0')  # half a line: nothing yet
+    times = [r["time"] for r in read_log(tmp_path)]
+    assert times == sorted(times) and len(times) == 25
+    from datetime import UTC, datetime
+
+    window = list(read_log(tmp_path, datetime(2026, 11, 27, 12, 0, 5, tzinfo=UTC),
+                           datetime(2026, 11, 27, 12, 0, 41, tzinfo=UTC), roles=["production"], drop=("text",)))
+    assert [r["id"] for r in window] == [f"{'ab'[s % 2]}{s}" for s in range(5, 20)] + ["c40"]
+    assert all("text" not in r for r in window)
+
+
+def test_a_file_gone_between_listing_and_reading_is_skipped(tmp_path: Path, monkeypatch) -> None:
+    from monitoring import log_files
+
+    _log_file(tmp_path, "a", [_at(1, "a")], time.time())
+    listed = Path.glob
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: [*listed(self, pattern), self / "pruned.jsonl"])
+    assert log_files.log_files(tmp_path) == [tmp_path / "data" / "a.jsonl"]
+    assert [r["id"] for r in read_log(tmp_path)] == ["a1"]

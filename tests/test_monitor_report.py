@@ -99,8 +99,25 @@ def test_versions_and_roles_are_reported_apart_and_series_cover_the_stream() -> 
         ("m:2", "shadow", 300),
     ]
     assert out[1]["shift"]["words"] is None  # no profile for m:2
+    for i, r in enumerate(records[:300]):
+        r["time"] = f"2026-11-27T12:{i // 60:02d}:{i % 60:02d}.000Z"  # one a second
     points = series(records[:300], truth, _profile(), LABELS, False, buckets=6)
     assert len(points) == 6 and sum(p["documents"] for p in points) == 300
+
+
+def test_series_buckets_span_equal_times_not_equal_counts() -> None:
+    records, truth = _stream(400, seed=7)
+    # 300 documents in the first minute, none for an hour and a half, 100 in the last minute of two hours
+    for i, r in enumerate(records):
+        r["time"] = f"2026-11-27T10:00:{i // 5:02d}.000Z" if i < 300 else f"2026-11-27T11:59:{(i - 300) // 2:02d}.000Z"
+    points = series(records, truth, _profile(), LABELS, False, buckets=4)
+    assert [p["documents"] for p in points] == [300, 100]  # the empty half hours are left out
+    assert points[0]["from"] == "2026-11-27T10:00:00.000Z" and points[0]["to"] == "2026-11-27T10:29:57.250Z"
+    assert points[1]["from"] == "2026-11-27T11:29:51.750Z" and points[1]["to"] == "2026-11-27T11:59:49.000Z"
+    assert set(points[0]) == {"from", "to", "documents", "estimated_accuracy", "accuracy", "feedback", "words",
+                              "oov", "shift"}
+    same = series(records[:5], truth, _profile(), LABELS, False)  # one instant: one bucket
+    assert len(same) == 1 and same[0]["documents"] == 5
 
 
 def test_wilson_interval() -> None:

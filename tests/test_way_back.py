@@ -172,15 +172,39 @@ def test_feedback_is_kept_across_a_restart_and_refused_for_unknown_ids(loop: dic
                                                                     {"id": "never-seen", "label": "neg"}]})
         assert status == 404 and body["unknown"] == ["never-seen"] and body["stored"] == 1, body
         assert "'never-seen'" in body["error"]
-        status, body = post(server.url, "/feedback", {"feedback": [{"id": "r0", "label": "maybe"}]})
-        assert status == 422 and "'maybe' is not a label" in body["error"]
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "r2", "label": "neg"},
+                                                                    {"id": "r0", "label": "maybe"}]})
+        assert status == 422 and "feedback[1]: 'maybe' is not a label" in body["error"], body
+        assert body["stored"] == 1 and body["refused"] == [1]  # the good item is kept
+        with urllib.request.urlopen(server.url + "/monitor?since=1h", timeout=60) as response:
+            assert response.status == 200
+        try:
+            urllib.request.urlopen(server.url + "/monitor?since=24h%0A", timeout=60)
+            raise AssertionError("a bad window was accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 422 and "since" in json.loads(e.read())["error"]
     finally:
         server.stop()
     from monitoring.feedback_store import open_store
 
     with open_store(None, home / "deployments" / NAME / "feedback.sqlite3") as store:
         rows = {row.id: row.feedback for row in store.joined(labelled_only=True)}
-    assert rows["r0"] == ["pos"] and rows["r1"] == [loop["reviews"].label[1]]
+    assert rows["r0"] == ["pos"] and rows["r1"] == [loop["reviews"].label[1]] and rows["r2"] == ["neg"]
+
+
+def test_a_worker_serves_while_its_feedback_store_is_unreachable(loop: dict) -> None:
+    from tests.postgres_server import _free_port
+
+    down = f"postgresql://han:secret@127.0.0.1:{_free_port()}/feedback"  # nothing listens there
+    server = Server(loop["home"], loop["tmp"], env={"HAN_FEEDBACK_STORE": down})
+    try:
+        status, body = post(server.url, "/classify", {"documents": [{"id": "u1", "text": "A fine film."}]})
+        assert status == 200 and body["results"][0]["id"] == "u1"
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "u1", "label": "pos"}]})
+        assert status == 503 and "feedback was not stored" in body["error"] and "secret" not in body["error"]
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log.read_text()
 
 
 def test_a_worker_killed_under_load_leaves_a_log_of_whole_lines_with_every_answer(loop: dict) -> None:

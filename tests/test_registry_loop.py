@@ -1,0 +1,190 @@
+"""han-model's way back without a server: ``export-log`` writes one label column for the model (a list
+for a multi-label one) that han-train reads, shadow answers are paired with production's by request and
+id, and a stored shadow comparison that finds the challenger worse makes ``promote`` refuse it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitoring.feedback_store import Feedback, Prediction, open_store
+from registry import loop_commands
+from registry.cli import main
+from registry.shadow_commands import compare_pairs, paired_interval, shadow_comparison
+from tests.service_server import REPO, base_env, register_model
+from tests.tiny_model import read_jsonl, train_tiny_model, worse_model
+
+NAME = "han-loop"
+
+
+def _record(i: int, model: str, labels: list[str], scores: dict[str, float], text: str = "A film.",
+            role: str = "production", request: str = "r1", doc: str | None = None) -> dict:
+    return {"time": f"2026-11-27T12:{i // 60:02d}:{i % 60:02d}.000Z", "id": doc or f"d{i}", "request_id": request,
+            "model": model, "role": role, "text": text, "words": 3, "oov": 0.0,
+            "label": labels[0] if labels else max(scores, key=scores.__getitem__), "labels": labels,
+            "scores": scores}
+
+
+def _write_log(home: Path, records: list[dict], file: str = "20261127T120000000000-elsewhere-1") -> None:
+    data = home / "deployments" / NAME / "log" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    with (data / f"{file}.jsonl").open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def _feedback(home: Path, records: list[dict], truth: dict[str, list[str]]) -> None:
+    with open_store(None, home / "deployments" / NAME / "feedback.sqlite3") as store:
+        for r in records:
+            store.record_predictions(r["request_id"], r["model"], [Prediction(r["id"], r["labels"])], r["role"])
+        store.add_feedback([Feedback(i, labels) for i, labels in truth.items()])
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
+    monkeypatch.delenv(loop_commands.FEEDBACK_STORE_ENV, raising=False)
+    return tmp_path / "bentoml"
+
+
+def _single_label_log(home: Path) -> None:
+    rows = read_jsonl("reviews.jsonl")
+    records = [_record(i, f"{NAME}:v1", [r["label"]], {"neg": 0.3, "pos": 0.7} if r["label"] == "pos"
+                       else {"neg": 0.8, "pos": 0.2}, r["text"]) for i, r in enumerate(rows)]
+    _write_log(home, records)
+    _feedback(home, records, {r["id"]: [row["label"]] for r, row in list(zip(records, rows, strict=True))[:24]})
+
+
+def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from training.data import HANDataModule
+    from training.sources import load_source
+
+    _single_label_log(home)
+    labelled, everything = tmp_path / "labelled.jsonl", tmp_path / "all.parquet"
+    assert main(["export-log", NAME, str(labelled), "--labelled-only"]) == 0
+    assert main(["export-log", NAME, str(everything)]) == 0
+    assert "label column: label" in capsys.readouterr().out
+    train = load_source(str(labelled))
+    assert "labels" not in train.column_names and len(train) == 24 and set(train["label"]) == {"neg", "pos"}
+    rest = load_source(str(everything))
+    assert len(rest) == 32 and rest["label"].count(None) == 8 and "labels" not in rest.column_names
+    data = HANDataModule(train=str(labelled), unlabeled=str(everything), min_freq=1, val_fraction=0.25,
+                         cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    assert data.label_names == ["neg", "pos"] and len(data.unlabeled_keys()) == 32
+
+
+def test_export_of_a_multi_label_model_writes_a_list_in_every_row(home: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from training.data import HANDataModule
+    from training.recipe import profile
+    from training.sources import load_source
+
+    rows = read_jsonl("topics.jsonl")
+    topics = sorted({label for r in rows for label in r["labels"]})
+    # one label each, as most answers of a multi-label model are: only the model says it is multi-label
+    records = [_record(i, f"{NAME}:v2", r["labels"][:1], {t: 0.9 if t in r["labels"] else 0.1 for t in topics},
+                       r["text"]) for i, r in enumerate(rows)]
+    _write_log(home, records)
+    _feedback(home, records, {r["id"]: row["labels"] for r, row in list(zip(records, rows, strict=True))[:12]})
+    for suffix in (".jsonl", ".parquet"):
+        out = tmp_path / f"labelled{suffix}"
+        assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
+        assert "label column: labels" in capsys.readouterr().out
+        train = load_source(str(out))
+        assert "label" not in train.column_names and train["labels"] == [r["labels"] for r in rows[:12]]
+        assert profile(str(out), "text", "labels", None, 0.25, False, None).multi_label  # han-train's reading
+        data = HANDataModule(train=str(out), label_column="labels", multi_label=True, min_freq=1,
+                             val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
+        data.setup()
+        assert set(data.label_names) <= set(topics)
+    everything = tmp_path / "all.jsonl"
+    assert main(["export-log", NAME, str(everything)]) == 0
+    assert load_source(str(everything))["labels"].count(None) == 4  # unlabelled: null, for --data.unlabeled
+    capsys.readouterr()
+    assert main(["export-log", NAME, str(tmp_path / "labelled.csv")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "multi-label" in error and ".jsonl or .parquet" in error
+    assert not (tmp_path / "labelled.csv").exists()
+
+
+def test_the_model_config_decides_the_label_column(home: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _single_label_log(home)
+    monkeypatch.setattr(loop_commands, "model_facts", lambda tag: (None, ["neg", "pos"], True))
+    out = tmp_path / "labelled.jsonl"
+    assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["labels"] == ["pos"] and "label" not in first and first["predicted"] == ["pos"]
+
+
+def test_bad_input_is_one_line(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _single_label_log(home)
+    assert main(["export-log", NAME, str(tmp_path / "x.jsonl"), "--since", "2030-01-01"]) == 1
+    assert "no logged document in the window" in capsys.readouterr().err
+    data = home / "deployments" / NAME / "log" / "data"
+    (data / "unreadable.jsonl").mkdir()  # a name the log reader cannot open as a file
+    assert main(["export-log", NAME, str(tmp_path / "x.jsonl")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error:") and "cannot read the inference log" in error and error.count("\n") == 1
+
+
+def test_shadow_answers_pair_with_the_same_request(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import model_store
+
+    monkeypatch.setattr(model_store, "resolve_tag", lambda ref: ref)
+    pos, neg = {"neg": 0.1, "pos": 0.9}, {"neg": 0.9, "pos": 0.1}
+    # the client reuses the id "a": production said pos in r1 and neg in r2; the shadow answered r1's copy
+    # last, in another worker's file
+    _write_log(home, [_record(0, f"{NAME}:v1", ["pos"], pos, request="r1", doc="a"),
+                      _record(1, f"{NAME}:v1", ["neg"], neg, request="r2", doc="a")], "w1")
+    _write_log(home, [_record(2, f"{NAME}:v2", ["pos"], pos, role="shadow", request="r1", doc="a")], "w2")
+    args = argparse.Namespace(since=None, until=None, store=None)
+    result = shadow_comparison(f"{NAME}:v2", f"{NAME}:v1", args)
+    assert result["paired"] == 1 and result["agreement"] == 1.0 and "verdict" not in result
+
+
+def test_a_shadow_comparison_has_the_keys_promote_reads() -> None:
+    pairs = [({"id": f"d{i}", "model": "m:1", "labels": ["pos"]},
+              {"id": f"d{i}", "model": "m:2", "labels": ["neg" if i < 20 else "pos"]}) for i in range(30)]
+    result = compare_pairs(pairs, {f"d{i}": ["pos"] for i in range(30)}, "m:2", "m:1")
+    assert result["verdict"] == "worse" and result["metric"] == "accuracy" and result["test"] == "McNemar exact"
+    assert (result["new_score"], result["old_score"], result["difference"]) == (0.3333, 1.0, -0.6667)
+    low, high = result["interval"]
+    assert low < -0.6667 < high < 0
+    assert result["data"] == "the shadow log (30 live documents with feedback)" and result["documents"] == 30
+    assert paired_interval(0, 0, 10) == [0.0, 0.0] and paired_interval(0, 0, 0) is None
+
+
+def _han_model(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "registry.cli", *args], cwd=REPO, env=base_env(home),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_promote_refuses_a_challenger_worse_on_the_shadow_feedback(tmp_path: Path) -> None:
+    home = tmp_path / "bentoml"
+    saved, _ = train_tiny_model(steps=40)
+    champion = register_model(saved.save(tmp_path / "champion"), home, NAME)
+    challenger = register_model(worse_model(saved).save(tmp_path / "challenger"), home, NAME)
+    pos, neg = {"neg": 0.1, "pos": 0.9}, {"neg": 0.9, "pos": 0.1}
+    production = [_record(2 * i, champion, ["pos"], pos, request=f"r{i}") for i in range(30)]
+    shadow = [_record(2 * i + 1, challenger, ["neg"] if i < 20 else ["pos"], neg if i < 20 else pos,
+                      role="shadow", request=f"r{i}", doc=f"d{2 * i}") for i in range(30)]
+    _write_log(home, production, "w1")
+    _write_log(home, shadow, "w2")
+    _feedback(home, production + shadow, {r["id"]: ["pos"] for r in production})
+    compared = _han_model(home, "compare", challenger, f"{NAME}:production", "--shadow")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "on 30 with feedback" in compared.stdout and "worse" in compared.stdout
+    refused = _han_model(home, "promote", challenger)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("error: refused:") and refused.stderr.count("\n") == 1, refused.stderr
+    assert "the shadow log (30 live documents with feedback)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert json.loads((home / "deployments" / NAME / "production.json").read_text())["tag"] == champion
