@@ -323,8 +323,9 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
                 server.stop()
                 stop_shadow(tag.partition(":")[0])
             if name in (shadow or {}):
-                print(f"    the shadow answered {_shadow_lines(tag) - shadowed_before} documents of "
-                      f"{len(single) + len(load)} (the rest dropped: production first)", flush=True)
+                answered = _shadow_lines(tag) - shadowed_before
+                print(f"    the shadow answered {answered} of the {len(single) + len(load)} documents sent (it is "
+                      f"asked for {shadow[name][1]:.0%}; production first)", flush=True)
             figures[name].append(
                 {
                     "docs_per_s": many["docs_per_s"],

@@ -3,9 +3,11 @@
 ``han-model shadow NAME:VERSION --fraction F`` writes ``shadow.json`` beside the production pointer;
 each serving worker follows it as it follows the pointer (a stat twice a second), loads the version
 beside the serving one in a thread, and then copies a share F of the requests it answered to a queue.
-The user's answer never waits for the challenger: the copies are classified after the response,
-in small batches, only while the worker has no production request waiting, and dropped (counted)
-when the queue is full. A version that cannot load is logged and reported; production is untouched.
+The user's answer never waits for the challenger: the copies are classified after the response, in
+batches of a few documents, only in the gaps of production's traffic (no request waiting, no batch
+running or just ended), borrowing production's one model call at a time, never beside it. Under load
+that leaves no gap, copies are dropped and counted: after MAX_WAIT, or past QUEUE_DOCUMENTS. A version
+that cannot load is logged and reported; production is untouched.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from model_store.production import deployment_dir
 logger = logging.getLogger("han.service")
 POLL_SECONDS = 0.5
 QUEUE_DOCUMENTS = 512  # copies waiting for the challenger; past this, new copies are dropped
-BATCH_DOCUMENTS = 8  # the challenger's batches: short, so that a production request never waits long
+MAX_WAIT = 10.0  # seconds a copy waits for a gap in production's traffic before it is dropped
+BATCH_DOCUMENTS = 2  # the challenger's batches: short, so that a production request never waits long
 
 
 def shadow_path(name: str) -> Path:
@@ -75,6 +78,7 @@ class Copy:
     request_id: str
     ids: list[str]
     texts: list[str]
+    at: float  # when it was queued (time.monotonic)
 
 
 class ShadowRunner:
@@ -84,7 +88,7 @@ class ShadowRunner:
     profiles)`` logs the challenger's answers; ``busy()`` says whether production has work waiting."""
 
     def __init__(self, name: str, load: Callable[[str], Any], record: Callable[..., None],
-                 busy: Callable[[], bool]) -> None:
+                 busy: Callable[[], bool], limiter: anyio.CapacityLimiter | None = None) -> None:
         self.name, self.load, self.record, self.busy = name, load, record, busy
         self.tag: str | None = None
         self.pipeline: Any = None
@@ -96,7 +100,8 @@ class ShadowRunner:
         self._queue: collections.deque[Copy] = collections.deque()
         self._queued = 0
         self._wake = asyncio.Event()
-        self._limiter = anyio.CapacityLimiter(1)
+        self._limiter = limiter or anyio.CapacityLimiter(1)  # production's: never a shadow batch beside its own
+        self._loading = anyio.CapacityLimiter(1)
         self._random = random.Random()
 
     def status(self) -> dict[str, Any] | None:
@@ -113,7 +118,7 @@ class ShadowRunner:
         if self._queued + len(texts) > QUEUE_DOCUMENTS:
             self.dropped += len(texts)
             return
-        self._queue.append(Copy(request_id, ids, texts))
+        self._queue.append(Copy(request_id, ids, texts, time.monotonic()))
         self._queued += len(texts)
         self._wake.set()
 
@@ -125,13 +130,21 @@ class ShadowRunner:
                 await self._wake.wait()
                 self._wake.clear()
                 while self._queue:
-                    while self.busy():  # production first: wait for a gap
+                    while self.busy():  # production first: wait for a gap in its traffic
                         await asyncio.sleep(0.005)
+                        self._shed()
                     batch = self._take()
                     with contextlib.suppress(Exception):  # the challenger failing must not end the shadow
                         await self._classify(batch)
         finally:
             follow.cancel()
+
+    def _shed(self) -> None:
+        """While production keeps the worker busy, copies older than MAX_WAIT go: dropped, counted."""
+        while self._queue and time.monotonic() - self._queue[0].at > MAX_WAIT:
+            copy = self._queue.popleft()
+            self._queued -= len(copy.texts)
+            self.dropped += len(copy.texts)
 
     def _take(self) -> list[Copy]:
         taken, documents = [], 0
@@ -192,7 +205,7 @@ class ShadowRunner:
         self.pipeline, self.tag, self.failed = None, None, None
         started = time.monotonic()
         try:
-            pipeline = await anyio.to_thread.run_sync(self.load, record["tag"], limiter=self._limiter)
+            pipeline = await anyio.to_thread.run_sync(self.load, record["tag"], limiter=self._loading)
         except Exception as e:  # whatever it is, production goes on as it was
             reason = f"{e.__class__.__name__}: {e}".splitlines()[0]
             self.failed = {"tag": record["tag"], "reason": reason}

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +26,7 @@ R = TypeVar("R")
 MAX_BATCH_DOCUMENTS = 256  # documents per model call, gathered from concurrent requests
 IDLE_SECONDS = 1.0  # without a request for this long, ``on_idle`` runs (once)
 WAIT_SHARE = 0.5  # ... and at most this share of the previous batch's run time
+IDLE_GAP = 0.05  # a batch that ended this recently still counts as busy (busy())
 PROBE_EVERY = 8  # while callers do not come back, one batch in this many still waits (to notice when they do)
 
 
@@ -72,6 +74,7 @@ class RequestBatcher(Generic[T, R]):
         self._queue: collections.deque[tuple[T, asyncio.Future[R]]] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._limiter = anyio.CapacityLimiter(1)
+        self._ended = 0.0  # when the last batch ended (time.monotonic)
 
     async def __call__(self, request: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -89,8 +92,15 @@ class RequestBatcher(Generic[T, R]):
         return await future
 
     def busy(self) -> bool:
-        """Requests are waiting, or a batch runs: what work of lower priority (a shadow) gives way to."""
-        return bool(self._queue) or self._limiter.borrowed_tokens > 0
+        """Requests are waiting, a batch runs, or one ended less than IDLE_GAP ago (its callers are about to
+        send again): what work of lower priority (a shadow) gives way to."""
+        return (bool(self._queue) or self._limiter.borrowed_tokens > 0
+                or time.monotonic() - self._ended < IDLE_GAP)
+
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        """The one model call at a time: lower-priority work borrows it too, never running beside a batch."""
+        return self._limiter
 
     async def _wait_idle(self) -> None:
         await asyncio.sleep(self.idle_seconds)
@@ -165,6 +175,7 @@ class RequestBatcher(Generic[T, R]):
                     if not future.done():
                         future.set_exception(e)
                 continue
+            self._ended = time.monotonic()
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)

@@ -130,7 +130,7 @@ class HANClassifier:
         )
         self.way_back = WayBack(NAME, SETTINGS)  # the inference log, the feedback store, the monitor's gauges
         self.shadow = ShadowRunner(NAME, lambda tag: load_served(tag).pipeline, self._shadow_answered,
-                                   self.batcher.busy)
+                                   self.batcher.busy, self.batcher.limiter)
         self.follower.shadow_status = self.shadow.status
         freeze_loaded_objects()  # the collector then walks only what requests allocate
 
