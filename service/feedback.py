@@ -10,6 +10,7 @@ answer names what was refused (404: ids no answer has; 422: labels the answering
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,6 +26,7 @@ from service.way_back import model_facts
 
 MAX_FEEDBACK = 1000  # items per request
 MAX_FEEDBACK_BYTES = 1024 * 1024
+ANSWER_GRACE = 2.0  # seconds an id no answer has yet is waited for (answers reach the store through queues)
 DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
 
 
@@ -76,7 +78,10 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
     items refused for their labels (index, why)."""
     ids = [item.id for item in items]
     answered = store.latest_predictions(ids)
-    if len(answered) < len(set(ids)) and flush(1.0):  # an answer of this worker may still be on its way
+    deadline = time.monotonic() + ANSWER_GRACE
+    while len(answered) < len(set(ids)) and time.monotonic() < deadline:  # an answer may be on its way to the
+        flush(ANSWER_GRACE)  # store: this worker's queue, then another worker's or replica's
+        time.sleep(0.1)
         answered.update(store.latest_predictions([i for i in ids if i not in answered]))
     unknown = list(dict.fromkeys(i for i in ids if i not in answered))
     refused, keep = [], []

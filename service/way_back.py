@@ -115,6 +115,10 @@ class StoreWriter:
 
     def _write(self) -> None:
         warned = 0.0
+        try:
+            self.store  # noqa: B018  # opened now, not at the first answer (a server's schema check takes a while)
+        except Exception as e:
+            logger.error("cannot open the feedback store: %s", f"{e.__class__.__name__}: {e}".splitlines()[0])
         while True:
             batch = [self._queue.get()]
             while len(batch) < 1000:
