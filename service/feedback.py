@@ -26,7 +26,7 @@ from service.way_back import model_facts
 
 MAX_FEEDBACK = 1000  # items per request
 MAX_FEEDBACK_BYTES = 1024 * 1024
-ANSWER_GRACE = 2.0  # seconds an id no answer has yet is waited for (answers reach the store through queues)
+ANSWER_GRACE = 0.3  # seconds an id no answer has yet is waited for (answers reach the store through queues)
 DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
 
 
@@ -81,7 +81,7 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
     deadline = time.monotonic() + ANSWER_GRACE
     while len(answered) < len(set(ids)) and time.monotonic() < deadline:  # an answer may be on its way to the
         flush(ANSWER_GRACE)  # store: this worker's queue, then another worker's or replica's
-        time.sleep(0.1)
+        time.sleep(0.05)
         answered.update(store.latest_predictions([i for i in ids if i not in answered]))
     unknown = list(dict.fromkeys(i for i in ids if i not in answered))
     refused, keep = [], []

@@ -135,6 +135,9 @@ def test_a_key_limited_to_classifying_cannot_write_feedback(keyed: ServiceServer
         deadline = time.monotonic() + 10
         while keyed.request("POST", "/classify", body, auth(limited))[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.2)  # the keys file is read again within a second
+        time.sleep(1.5)  # ... by each worker: one that read it less than a second ago reads it at its next request
+        for _ in range(4):
+            keyed.request("POST", "/classify", body, auth(limited))
         assert keyed.request("POST", "/classify", body, auth(limited))[0] == 200
         assert keyed.request("GET", "/model", headers=auth(limited))[0] == 200
         feedback = json.dumps({"feedback": [{"id": "no-such-id", "label": "pos"}]}).encode()
