@@ -126,6 +126,16 @@ class Pipeline:
         logits = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
         return self._run(texts, None, None, "raise", logits, progress), logits  # type: ignore[return-value]
 
+    def with_vectors(
+        self, texts: Sequence[object], progress: Progress | None = None
+    ) -> tuple[list[DocumentResult | DocumentError], np.ndarray]:
+        """``__call__`` (no explanation, bad documents returned as DocumentError) that also returns each
+        document's vector, the attention-weighted sum its head reads [documents, 2 * sentence_hidden]
+        (zeros for a bad document): what a batch-diverse query (han-label) clusters."""
+        width = self.model.head.in_features
+        vectors = np.zeros((len(texts), width), dtype=np.float32)
+        return self._run(texts, None, None, "return", None, progress, vectors=vectors), vectors
+
     def _run(
         self,
         texts: Sequence[object],
@@ -135,6 +145,7 @@ class Pipeline:
         logits: np.ndarray | None,
         progress: Progress | None = None,
         profiles: list[tuple[int, int]] | None = None,
+        vectors: np.ndarray | None = None,
     ) -> list[DocumentResult | DocumentError]:
         """``__call__``; ``method`` None: no explanation."""
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
@@ -169,22 +180,31 @@ class Pipeline:
             unk = self.saved.vocab.unk_id
             for k, (ids, _) in zip(kept, encoded, strict=True):
                 profiles[k] = (len(ids), int(np.count_nonzero(ids == unk)))
-        for chunk, output in self.forward(encoded, method or "attention", head_probs):
-            if logits is not None:
-                logits[[kept[k] for k in chunk]] = output.logits.numpy()
-            probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
-            sentence_weights = output.sentence_weights.numpy() if method else None
-            word_weights = output.word_weights.numpy() if method else None
-            for row, k in enumerate(chunk):
-                result = self.decide(probs[row].tolist(), segments[k].truncated)
-                if method is not None:
-                    result.method = method
-                    self.explain(result, segments[k], sentence_weights[row], word_weights[row], top)  # type: ignore[index]
-                    if head is not None:
-                        result.top_ngrams = head.evidence(texts[kept[k]][:cap], self.labels.index(result.label))  # type: ignore[index]
-                out[kept[k]] = result
-            if progress is not None:
-                progress("classify", len(chunk))
+        read: list[torch.Tensor] = []  # the head's input of the last forward: the document vectors
+        hook = None if vectors is None else self.model.head.register_forward_hook(lambda m, i, o: read.append(i[0]))
+        try:
+            for chunk, output in self.forward(encoded, method or "attention", head_probs):
+                if vectors is not None:
+                    vectors[[kept[k] for k in chunk]] = read[-1].numpy()
+                    read.clear()
+                if logits is not None:
+                    logits[[kept[k] for k in chunk]] = output.logits.numpy()
+                probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
+                sentence_weights = output.sentence_weights.numpy() if method else None
+                word_weights = output.word_weights.numpy() if method else None
+                for row, k in enumerate(chunk):
+                    result = self.decide(probs[row].tolist(), segments[k].truncated)
+                    if method is not None:
+                        result.method = method
+                        self.explain(result, segments[k], sentence_weights[row], word_weights[row], top)  # type: ignore[index]
+                        if head is not None:
+                            result.top_ngrams = head.evidence(texts[kept[k]][:cap], self.labels.index(result.label))  # type: ignore[index]
+                    out[kept[k]] = result
+                if progress is not None:
+                    progress("classify", len(chunk))
+        finally:
+            if hook is not None:
+                hook.remove()
         return out  # type: ignore[return-value]
 
     # -- the stages ------------------------------------------------------------------------------

@@ -29,9 +29,10 @@ def unlabelled(tmp_path: Path) -> Path:
 def test_the_second_model_trains_on_the_teachers_most_confident_labels(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     extra = unlabelled(tmp_path)
+    out = tmp_path / "exported"  # --export.output_dir is the second model's; the teacher's stays in the run
     root = fit(tmp_path, "--data.unlabeled", str(extra), "--self_training.fraction", "0.5",
-               "--trainer.max_time", "00:00:30:00")
-    teacher, student = SavedModel.load(root / "teacher" / "model"), SavedModel.load(root / "model")
+               "--trainer.max_time", "00:00:30:00", "--export.output_dir", str(out))
+    teacher, student = SavedModel.load(root / "teacher" / "model"), SavedModel.load(out / "model")
     pseudo = pq.read_table(root / "pseudo-labelled.parquet").to_pylist()
     # 0.5 of 32 documents, as an equal quota for each of the 2 classes, the most confident first
     assert [r["label"] for r in pseudo].count("pos") == 8 and [r["label"] for r in pseudo].count("neg") == 8
@@ -40,7 +41,7 @@ def test_the_second_model_trains_on_the_teachers_most_confident_labels(
     # the teacher never saw the unlabelled words; the second model's training split holds them
     assert NEW_WORD not in teacher.vocab and NEW_WORD in student.vocab
     # validation stays human-labelled: the same documents in both reports
-    reports = [json.loads((r / "report" / "validation" / "metrics.json").read_text()) for r in (root / "teacher", root)]
+    reports = [json.loads((r / "report" / "validation" / "metrics.json").read_text()) for r in (root / "teacher", out)]
     assert reports[0]["documents"] == reports[1]["documents"] == len(rows(REVIEWS))
     assert student.metadata["metrics"]["test"]["accuracy"] >= 0.9
     # the TF-IDF baseline learns from the human-labelled documents only (the second fit's training

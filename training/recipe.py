@@ -255,6 +255,7 @@ def layout(config: Any, subcommand: str) -> None:
         # Unregistered and unmeasured, but with its n-gram head where validation keeps one: the averaged
         # scores are the more accurate teacher.
         export.register, export.faithfulness = False, 0
+        export.output_dir = None  # the teacher's model goes to <run>/teacher/model; --export.output_dir is the second's
         config.data.test = None  # only the exported model is read on test
     trainer.default_root_dir = str(root)
     if checkpoint.dirpath is None:

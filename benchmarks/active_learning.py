@@ -1,0 +1,268 @@
+"""What the labelling queue is worth: accuracy against labels, a query strategy against random sampling.
+
+    python benchmarks/active_learning.py run imdb 20newsgroups --strategies uncertainty random --seeds 0 1 2 --jobs 2
+    python benchmarks/active_learning.py report            # the curves and figures of what has run
+
+The pool is a corpus's training split with its labels hidden, less 1,000 documents held out as a
+validation split (what a strategy is chosen on); the test split (a fixed sample of ``--test-sample``
+documents, the same for every run) reads the result. Each seed starts from ``--start`` random labels
+and a fit from scratch (word2vec built from the pool's text, as ``--data.unlabeled`` gives it, and no
+self-training), shared by the strategies. Then each round, as a user would: the last round's model
+scores the pool (``Pipeline.with_vectors``, the one inference path), ``labeling.strategies.choose``
+picks ``--step`` documents, their labels are revealed, and ``han-train fit --data.train labelled.jsonl
+--model.init_from LAST_MODEL`` trains the next model; up to ``--budget`` labels.
+
+Each (corpus, seed, strategy) runs as its own process pinned to one core (``taskset``, one torch
+thread) and appends a JSON line per round to ``DIR/results.jsonl``; a run that is stopped resumes at
+its next round. The report prints, per corpus: the mean accuracy of each strategy at each label count
+(with the seeds' spread, max - min), the labels each strategy needs to reach random's mean accuracy at
+the budget (linear between rounds), and each round's time (fit, query, evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from han.environment import apply_defaults  # noqa: E402
+from han.pipeline import Pipeline  # noqa: E402
+
+SHARED = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shared" / "datasets"))
+CORPORA = {"imdb": "imdb", "20newsgroups": "20newsgroups"}
+VALIDATION = 1_000  # held out of the pool: the strategy's choice is read here
+SPLIT_SEED = 12_345  # the validation split and the test sample: the same for every run
+
+
+def load(corpus: str, test_sample: int) -> tuple[list[str], list[str], list[str], list[str], list[str], list[str]]:
+    """(pool texts, pool labels, validation texts, validation labels, test texts, test labels)."""
+    import pyarrow.parquet as pq
+
+    train = pq.read_table(SHARED / CORPORA[corpus] / "train.parquet", columns=["text", "label"]).to_pydict()
+    test = pq.read_table(SHARED / CORPORA[corpus] / "test.parquet", columns=["text", "label"]).to_pydict()
+    rng = np.random.default_rng(SPLIT_SEED)
+    order = rng.permutation(len(train["text"]))
+    val, pool = order[:VALIDATION], np.sort(order[VALIDATION:])
+    sample = np.arange(len(test["text"]))
+    if 0 < test_sample < len(sample):
+        sample = np.sort(rng.choice(sample, test_sample, replace=False))
+    pick = lambda col, rows: [col[i] for i in rows]  # noqa: E731
+    return (pick(train["text"], pool), pick(train["label"], pool), pick(train["text"], val),
+            pick(train["label"], val), pick(test["text"], sample), pick(test["label"], sample))
+
+
+def write_labelled(path: Path, rows: list[int], texts: list[str], labels: list[str]) -> None:
+    with path.open("w") as f:
+        for i in rows:
+            f.write(json.dumps({"id": f"pool-{i}", "text": texts[i], "label": labels[i]}) + "\n")
+
+
+def fit(workdir: Path, train: Path, seed: int, init_from: Path | None, unlabeled: Path | None) -> Path:
+    """One ``han-train fit``, as a user runs it; returns the model directory."""
+    model = workdir / "model"
+    if (model / "config.json").exists():
+        return model
+    cmd = [sys.executable, "-m", "training.cli", "fit", "--data.train", str(train), "--seed_everything", str(seed),
+           "--export.register", "false", "--export.faithfulness", "0", "--export.output_dir", str(workdir),
+           "--trainer.default_root_dir", str(workdir / "run"), "--trainer.enable_progress_bar", "false"]
+    if init_from is not None:
+        cmd += ["--model.init_from", str(init_from)]
+    if unlabeled is not None:
+        cmd += ["--data.unlabeled", str(unlabeled), "--self_training.fraction", "0"]
+    with (workdir / "fit.log").open("w") as log:
+        done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode or not (model / "config.json").exists():
+        raise SystemExit(f"the fit in {workdir} failed: see {workdir / 'fit.log'}")
+    return model
+
+
+def accuracy(pipeline: Pipeline, texts: list[str], labels: list[str]) -> float:
+    results = pipeline(texts, errors="return")
+    return float(np.mean([getattr(r, "label", None) == y for r, y in zip(results, labels, strict=True)]))
+
+
+def run_one(args: argparse.Namespace) -> None:
+    """One corpus, seed and strategy, round by round (resuming after the last round written)."""
+    import torch
+
+    from labeling.strategies import choose
+
+    torch.set_num_threads(1)
+    corpus, seed, strategy = args.corpus, args.seed, args.strategy
+    root = Path(args.dir) / corpus / f"seed{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    pool_texts, pool_labels, val_texts, val_labels, test_texts, test_labels = load(corpus, args.test_sample)
+    unlabeled = root / "pool.parquet"
+    if not unlabeled.exists():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": pool_texts}), unlabeled.with_suffix(".tmp"))
+        unlabeled.with_suffix(".tmp").rename(unlabeled)
+    start = np.sort(np.random.default_rng(seed).choice(len(pool_texts), args.start, replace=False)).tolist()
+    results = Path(args.dir) / "results.jsonl"
+    mine = (corpus, seed, strategy)
+    done = {r["labels"] for r in _results(results) if (r["corpus"], r["seed"], r["strategy"]) == mine}
+    labelled: list[int] = list(start)
+    previous: Path | None = None
+    for size in range(args.start, args.budget + 1, args.step):
+        shared = size == args.start  # the first model is every strategy's ("start" fits only it)
+        if strategy == "start" and not shared:
+            return
+        workdir = root / ("start" if shared else f"{strategy}-{size}")
+        workdir.mkdir(parents=True, exist_ok=True)
+        chosen_file = workdir / "labelled.json"
+        query_s = 0.0
+        if not shared:
+            if chosen_file.exists():
+                labelled = json.loads(chosen_file.read_text())
+            else:
+                t = time.perf_counter()
+                rest = np.setdiff1d(np.arange(len(pool_texts)), labelled)
+                if strategy == "random":
+                    probs, vectors = np.zeros((len(rest), 2)), None
+                else:
+                    scored = Pipeline.from_directory(previous)  # type: ignore[arg-type]
+                    out, vectors = scored.with_vectors([pool_texts[i] for i in rest])
+                    probs = np.array([[r.scores[k] for k in scored.labels] for r in out])
+                picked = choose(strategy, args.step, probs, vectors, seed=seed * 1000 + size,
+                                multi_label=False)
+                labelled = labelled + rest[picked].tolist()
+                query_s = time.perf_counter() - t
+                chosen_file.write_text(json.dumps(labelled))
+        train = workdir / "labelled.jsonl"
+        write_labelled(train, labelled, pool_texts, pool_labels)
+        t = time.perf_counter()
+        model = fit(workdir, train, seed, previous, unlabeled if shared else None)
+        fit_s = time.perf_counter() - t
+        previous = model
+        if size in done or strategy == "start":
+            continue
+        t = time.perf_counter()
+        pipeline = Pipeline.from_directory(model)
+        val_acc, test_acc = accuracy(pipeline, val_texts, val_labels), accuracy(pipeline, test_texts, test_labels)
+        row = {"corpus": corpus, "seed": seed, "strategy": strategy, "labels": size, "validation": round(val_acc, 4),
+               "test": round(test_acc, 4), "fit_s": round(fit_s, 1), "query_s": round(query_s, 1),
+               "eval_s": round(time.perf_counter() - t, 1), "at": time.strftime("%Y-%m-%d %H:%M")}
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+def _results(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_all(args: argparse.Namespace) -> None:
+    """Every (corpus, seed, strategy), ``--jobs`` at a time, each pinned to its own core: first the
+    shared first fit of each (corpus, seed), then the strategies, seeds and corpora interleaved."""
+    pairs = sorted(itertools.product(args.corpora, args.seeds), key=lambda p: (p[1], args.corpora.index(p[0])))
+    jobs = [(c, s, "start") for c, s in pairs] + [(c, s, k) for c, s in pairs for k in args.strategies]
+    running: list[tuple[subprocess.Popen, int, tuple]] = []
+    free = list(range(args.jobs))
+    log_dir = Path(args.dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    while jobs or running:
+        while jobs and free:
+            corpus, seed, strategy = job = jobs.pop(0)
+            core = free.pop(0)
+            cmd = ["taskset", "-c", str(core % (os.cpu_count() or 1)), sys.executable, __file__, "one", corpus,
+                   str(seed), strategy, "--dir", args.dir, "--start", str(args.start), "--step", str(args.step),
+                   "--budget", str(args.budget), "--test-sample", str(args.test_sample)]
+            with (log_dir / f"{corpus}-{seed}-{strategy}.log").open("a") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        env=os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+            running.append((proc, core, job))
+            print(f"{time.strftime('%H:%M:%S')} started {corpus} seed {seed} {strategy} on core {core}", flush=True)
+        time.sleep(5)
+        for proc, core, job in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, core, job))
+                free.append(core)
+                print(f"{time.strftime('%H:%M:%S')} ended {job} (exit {proc.returncode})", flush=True)
+
+
+def report(args: argparse.Namespace) -> None:
+    rows = _results(Path(args.dir) / "results.jsonl")
+    for corpus in sorted({r["corpus"] for r in rows}):
+        mine = [r for r in rows if r["corpus"] == corpus]
+        strategies = sorted({r["strategy"] for r in mine}, key=lambda s: s == "random")
+        sizes = sorted({r["labels"] for r in mine})
+        seeds = sorted({r["seed"] for r in mine})
+        print(f"\n## {corpus}: {args.split} accuracy, mean of seeds {seeds} (spread: max - min)")
+        print("| labels | " + " | ".join(strategies) + " |")
+        print("|---:|" + "---:|" * len(strategies))
+        curves: dict[str, dict[int, float]] = {s: {} for s in strategies}
+        for size in sizes:
+            cells = []
+            for s in strategies:
+                values = [r[args.split] for r in mine if r["labels"] == size and r["strategy"] == s]
+                if not values:
+                    cells.append("")
+                    continue
+                curves[s][size] = float(np.mean(values))
+                cells.append(f"{np.mean(values):.4f} (spread {max(values) - min(values):.4f}, n={len(values)})")
+            print(f"| {size:,} | " + " | ".join(cells) + " |")
+        if curves.get("random"):
+            top = max(curves["random"])
+            target = curves["random"][top]
+            print(f"\nrandom at {top:,} labels: {target:.4f}; labels each strategy needs to reach it:")
+            for s, curve in curves.items():
+                need = _labels_to_reach(curve, target)
+                print(f"  {s}: " + (f"{need:,.0f} ({need / top:.2f} of random's)" if need else "not reached"))
+        for s in strategies:
+            mine_s = [r for r in mine if r["strategy"] == s]
+            fit_s = [r["fit_s"] for r in mine_s]
+            query_s = [r["query_s"] for r in mine_s if r["labels"] > min(sizes)]
+            if fit_s:
+                print(f"  {s}: a round's fit {np.mean(fit_s):.0f} s (max {max(fit_s):.0f}), its query "
+                      f"{np.mean(query_s) if query_s else 0:.0f} s, on one core")
+
+
+def _labels_to_reach(curve: dict[int, float], target: float) -> float | None:
+    points = sorted(curve.items())
+    for (a, fa), (b, fb) in itertools.pairwise(points):
+        if fb >= target > fa:
+            return a + (b - a) * (target - fa) / (fb - fa)
+    if points and points[0][1] >= target:
+        return float(points[0][0])
+    return None
+
+
+def main() -> None:
+    apply_defaults()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default="runs/active_learning")
+    common.add_argument("--start", type=int, default=200)
+    common.add_argument("--step", type=int, default=200)
+    common.add_argument("--budget", type=int, default=2000)
+    common.add_argument("--test-sample", type=int, default=5000, help="test documents read (0: all)")
+    run = sub.add_parser("run", parents=[common])
+    run.add_argument("corpora", nargs="+", choices=sorted(CORPORA))
+    run.add_argument("--strategies", nargs="+", default=["uncertainty", "random"])
+    run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    run.add_argument("--jobs", type=int, default=2)
+    one = sub.add_parser("one", parents=[common])
+    one.add_argument("corpus", choices=sorted(CORPORA))
+    one.add_argument("seed", type=int)
+    one.add_argument("strategy")
+    rep = sub.add_parser("report", parents=[common])
+    rep.add_argument("--split", choices=["test", "validation"], default="test")
+    args = parser.parse_args()
+    {"run": run_all, "one": run_one, "report": report}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

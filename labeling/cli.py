@@ -1,0 +1,340 @@
+"""``han-label``: which documents to label next, and the labels back from Label Studio.
+
+    han-label next SOURCE --n 200 --out queue.json     # Label Studio tasks, pre-annotated (or .jsonl)
+    han-label import export.json labelled.jsonl        # Label Studio's export -> a file han-train reads
+
+A round: ``han-label next``, label in Label Studio, ``han-label import``, then ``han-train fit
+--data.train labelled.jsonl --model.init_from NAME:production`` and the usual compare and promote.
+Every problem with the input is one line naming the file (and the row); outputs are written whole
+(a temporary file renamed) or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from labeling.strategies import DEFAULT_STRATEGY, STRATEGIES
+
+OUTPUTS = (".json", ".jsonl")
+IMPORT_OUTPUTS = (".jsonl", ".csv", ".parquet")
+TOP_SENTENCES = 3
+
+
+class LabelError(Exception):
+    """A one-line error for the user."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="han-label", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    nxt = sub.add_parser("next", help="choose the documents to label next")
+    nxt.add_argument("source", metavar="SOURCE",
+                     help="a .parquet, .csv or .jsonl file or a folder han-train reads (labelled rows are left "
+                          "out), or log:NAME, the inference log of model NAME's service")
+    nxt.add_argument("--n", type=_positive, required=True, help="how many documents to choose")
+    nxt.add_argument("--out", required=True, help="FILE.json (Label Studio tasks, with FILE.label-config.xml "
+                                                  "beside it) or FILE.jsonl")
+    nxt.add_argument("--model", help="BentoML tag or model directory (default: $HAN_MODEL_TAG or han-imdb:production)")
+    nxt.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
+                     help=f"how to choose (default {DEFAULT_STRATEGY}: the benchmark's winner, BENCHMARKS.md)")
+    nxt.add_argument("--labelled", nargs="*", default=[], metavar="FILE",
+                     help="files of documents already labelled (han-label import's), left out by id and by text")
+    nxt.add_argument("--text-column", default="text")
+    nxt.add_argument("--id-column", help="the documents' id column (default: a column named id, else row-N)")
+    nxt.add_argument("--seed", type=int, default=0, help="for the random and diverse strategies")
+    nxt.add_argument("--since", help="log:NAME only: records since this long ago (24h, 7d) or an ISO time")
+    nxt.add_argument("--workers", type=int, default=None, help="scoring processes (default: the usable cores)")
+    nxt.add_argument("--quiet", action="store_true", help="no progress bar")
+    imp = sub.add_parser("import", help="a Label Studio export -> a file han-train reads")
+    imp.add_argument("export", metavar="EXPORT", help="Label Studio's JSON, JSON-min (.json) or CSV (.csv) export")
+    imp.add_argument("out", metavar="OUT", help="a .jsonl, .csv or .parquet file of id, text and label (or labels)")
+    imp.add_argument("--model", help="the model whose labels the export must use (default: as han-label next)")
+    return parser
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
+
+
+def command() -> None:
+    sys.exit(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        from han.environment import apply_defaults
+
+        apply_defaults()
+        return {"next": run_next, "import": run_import}[args.command](args)
+    except LabelError as e:
+        print(f"han-label: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("han-label: interrupted; nothing written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _model(ref: str | None) -> tuple[str, str, Any]:
+    """(model directory, tag or directory as given, SavedModel); a bad reference is a LabelError."""
+    import model_store
+    from han import ModelDirectoryError
+
+    ref = ref or model_store.default_model_tag()
+    try:
+        directory = model_store.model_path(ref)
+        saved = model_store.load(directory)
+    except (model_store.ModelNotFoundError, ModelDirectoryError) as e:
+        raise LabelError(str(e)) from None
+    try:
+        tag = model_store.resolve_tag(ref)
+    except Exception:  # a model directory outside the store
+        tag = str(ref)
+    return str(directory), tag, saved
+
+
+def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
+    if path.suffix.lower() not in allowed:
+        raise LabelError(f"{flag} {path}: the file's extension must be one of {', '.join(allowed)}")
+    if not path.parent.is_dir():
+        raise LabelError(f"{flag} {path}: folder {path.parent} does not exist")
+
+
+# -- next ------------------------------------------------------------------------------------------
+def run_next(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from labeling import pool as pools
+    from labeling.strategies import choose
+
+    out = Path(args.out)
+    _check_out(out, OUTPUTS, "--out")
+    model_dir, tag, saved = _model(args.model)
+    try:
+        pool = _open(args)
+        left_out_ids, left_out_hashes = pools.labelled_keys(pool)
+        for path in args.labelled:
+            ids, hashes = _labelled_file(path, args.text_column)
+            left_out_ids |= ids
+            left_out_hashes |= hashes
+    except pools.PoolError as e:
+        raise LabelError(str(e)) from None
+    rows = _unlabelled_rows(pool, left_out_ids, left_out_hashes)
+    if len(pool) == 0:
+        raise LabelError(f"{pool.name}: the pool is empty (no rows)")
+    if len(rows) == 0:
+        raise LabelError(f"{pool.name}: all {len(pool):,} of its documents are labelled already: nothing to choose")
+    if len(rows) < args.n:
+        raise LabelError(f"{pool.name}: {len(rows):,} unlabelled documents, fewer than --n {args.n:,}")
+    workers = pools.default_workers() if args.workers is None else args.workers
+    if len(rows) <= pools.WINDOW:
+        workers = 0  # one window: this process, no workers to start
+    progress = _progress(args.quiet)
+    with progress:
+        bar = progress.add_task("scoring the pool", total=len(rows))
+        probs, vectors, bad = pools.score(pool, model_dir, rows, workers, lambda n: progress.advance(bar, n))
+    bad_rows = {row for row, _ in bad}
+    for row, reason in bad[:10]:
+        print(f"han-label: {pool.name}: row {row + 1} ({_doc_id(pool, row)}): left out: {reason}", file=sys.stderr)
+    if len(bad) > 10:
+        print(f"han-label: {pool.name}: {len(bad) - 10:,} more rows left out for the same reasons", file=sys.stderr)
+    good = np.array([k for k, row in enumerate(rows) if int(row) not in bad_rows], dtype=np.int64)
+    if len(good) < args.n:
+        raise LabelError(f"{pool.name}: {len(good):,} documents that can be classified, fewer than --n {args.n:,}")
+    multi = saved.model.config.multi_label
+    picked = choose(args.strategy, args.n, probs[good].astype(np.float64), vectors[good].astype(np.float32),
+                    seed=args.seed, multi_label=multi, threshold=saved.threshold)
+    chosen_rows = rows[good[picked]]
+    records = _explain(model_dir, pool, chosen_rows, probs[good[picked]], tag, args.strategy)
+    _write_next(out, records, saved.labels, multi)
+    print(f"han-label: {len(records):,} of {len(rows):,} unlabelled documents chosen ({args.strategy}) -> {out}"
+          + (f" and {_config_path(out)}" if out.suffix.lower() == ".json" else ""), file=sys.stderr)
+    return 0
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from labeling import pool as pools
+
+    if args.source.startswith("log:"):
+        return pools.open_log(args.source[4:], _since(args.since))
+    if args.since:
+        raise LabelError("--since reads the inference log only (SOURCE log:NAME)")
+    return pools.open_file(args.source, args.text_column, args.id_column, None)
+
+
+def _since(value: str | None) -> Any:
+    if not value:
+        return None
+    from registry.loop_commands import CommandError, parse_time
+
+    try:
+        return parse_time(value, "--since")
+    except CommandError as e:
+        raise LabelError(str(e)) from None
+
+
+def _labelled_file(path: str, text_column: str) -> tuple[set[str], set[str]]:
+    from labeling import pool as pools
+
+    labelled = pools.open_file(path, text_column, None, None)
+    ids, hashes = set(), set()
+    for batch in labelled.table.iter(batch_size=pools.WINDOW):
+        ids.update(d for d in batch["id"] if d and not d.startswith("row-"))
+        hashes.update(pools.text_hash(t) for t in batch["text"] if isinstance(t, str))
+    return ids, hashes
+
+
+def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> Any:
+    import numpy as np
+
+    from labeling.pool import WINDOW, text_hash
+
+    keep = []
+    for start in range(0, len(pool), WINDOW):
+        batch = pool.table[start: start + WINDOW]
+        for k, (doc, text) in enumerate(zip(batch["id"], batch["text"], strict=True)):
+            if doc in ids or (hashes and isinstance(text, str) and text_hash(text) in hashes):
+                continue
+            keep.append(start + k)
+    return np.array(keep, dtype=np.int64)
+
+
+def _doc_id(pool: Any, row: int) -> str:
+    return str(pool.table[int(row)]["id"])
+
+
+def _progress(quiet: bool) -> Any:
+    from scoring.progress import make_progress
+
+    return make_progress(quiet or not sys.stderr.isatty())
+
+
+def _explain(model_dir: str, pool: Any, rows: Any, probs: Any, tag: str, strategy: str) -> list[dict[str, Any]]:
+    """The chosen documents with the model's label(s), scores and top sentences, in the order chosen
+    (least certain first for uncertainty)."""
+    from han import Pipeline, TopK
+    from han.environment import tune_process
+    from labeling.strategies import margins
+
+    tune_process(max(1, min(4, os.cpu_count() or 1)))
+    pipeline = Pipeline.from_directory(model_dir)
+    chosen = pool.table.select(rows.tolist())
+    results = pipeline(chosen["text"], explain="attention", errors="raise", top=TopK(TOP_SENTENCES, 0))
+    certainty = margins(probs, pipeline.multi_label, pipeline.saved.threshold)
+    order = sorted(range(len(results)), key=lambda k: (float(certainty[k]), k))
+    return [{"id": chosen[k]["id"], "text": chosen[k]["text"], "label": results[k].label, "labels": results[k].labels,
+             "scores": results[k].scores, "margin": round(float(certainty[k]), 6), "model_version": tag,
+             "strategy": strategy,
+             "top_sentences": [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight}
+                               for s in results[k].top_sentences or []]} for k in order]
+
+
+def _config_path(out: Path) -> Path:
+    return out.with_name(out.name[: -len(out.suffix)] + ".label-config.xml")
+
+
+def _write_next(out: Path, records: list[dict[str, Any]], labels: list[str], multi: bool) -> None:
+    from labeling.label_studio import label_config, task
+
+    if out.suffix.lower() == ".jsonl":
+        _atomic(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        return
+    tasks = [task(r["id"], r["text"], r["labels"] if multi else [r["label"]], max(r["scores"].values()),
+                  r["model_version"], [(s["start"], s["end"], s["text"]) for s in r["top_sentences"]],
+                  {"margin": r["margin"]}) for r in records]
+    config = label_config(labels, multi)
+    _atomic(_config_path(out), lambda f: f.write(config))
+    _atomic(out, lambda f: json.dump(tasks, f, ensure_ascii=False, indent=1))
+
+
+def _atomic(path: Path, write: Callable[[IO[str]], Any]) -> None:
+    """Write a whole file or none: a temporary file beside it, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- import ----------------------------------------------------------------------------------------
+def run_import(args: argparse.Namespace) -> int:
+    from labeling.label_studio import ExportError, read_export
+
+    out = Path(args.out)
+    _check_out(out, IMPORT_OUTPUTS, "OUT")
+    _, _, saved = _model(args.model)
+    labels, multi = saved.labels, saved.model.config.multi_label
+    export = Path(args.export)
+    try:
+        got = read_export(export, labels, multi)
+    except ExportError as e:
+        raise LabelError(str(e)) from None
+    if got.seen_labels and not got.seen_labels & set(labels):
+        raise LabelError(f"{export}: its labels ({', '.join(sorted(got.seen_labels))}) are none of the model's "
+                         f"({', '.join(labels)}): an export of another project?")
+    for p in got.problems:
+        print(f"han-label: {export}: {p.where}: {p.what}", file=sys.stderr)
+    if not got.rows:
+        raise LabelError(f"{export}: no annotated task to import ({len(got.problems)} left out, listed above)")
+    _write_rows(out, got.rows, multi)
+    print(f"han-label: {len(got.rows):,} labelled documents -> {out}"
+          + (f"; {len(got.problems):,} tasks left out (listed above)" if got.problems else ""), file=sys.stderr)
+    return 0
+
+
+def _write_rows(out: Path, rows: list[dict[str, Any]], multi: bool) -> None:
+    suffix = out.suffix.lower()
+    if suffix == ".jsonl":
+        _atomic(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    elif suffix == ".csv":
+        if multi:
+            raise LabelError(f"OUT {out}: a multi-label model's labels need .jsonl or .parquet, not CSV")
+        import csv
+
+        def write(f: IO[str]) -> None:
+            w = csv.DictWriter(f, fieldnames=["id", "text", "label"])
+            w.writeheader()
+            w.writerows(rows)
+
+        _atomic(out, write)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            os.replace(tmp, out)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+if __name__ == "__main__":
+    command()

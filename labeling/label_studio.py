@@ -1,0 +1,196 @@
+"""Label Studio's formats: the tasks ``han-label next`` writes, and the exports ``han-label import`` reads.
+
+A task carries the document (``data.text``, and its id as ``data.doc_id``: Label Studio's JSON-min and
+CSV exports put the task's own number in ``id``) and one prediction, the pre-annotation an annotator
+starts from: the model's label (a ``choices`` result) and its top sentences as highlighted spans (a
+``labels`` result named ``evidence``), with ``model_version`` the model's tag and ``score`` its score.
+``label_config`` is the project's labelling config that these names fit.
+
+Exports: the JSON export (a list of tasks with their ``annotations``), JSON-min (a record per
+annotated task, the data fields flattened, the choice under ``label``) and CSV (the same columns).
+What cannot become a training row (a skipped task, annotators who disagree, a label the model does
+not know) is returned as a ``Problem`` naming the task, for one line each.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+CHOICES = "label"  # the Choices tag's name: the document's label
+EVIDENCE = "evidence"  # the Labels tag's name: the highlighted sentences
+TEXT = "text"
+DOC_ID = "doc_id"
+
+
+class ExportError(ValueError):
+    """The export cannot be read at all (one line naming the file, and the line or row where known)."""
+
+
+def label_config(labels: list[str], multi_label: bool) -> str:
+    """The labelling config of a project for ``han-label next``'s tasks."""
+    choices = "".join(f"\n    <Choice value={quoteattr(label)}/>" for label in labels)
+    return (
+        "<View>\n"
+        f'  <Text name="{TEXT}" value="${TEXT}"/>\n'
+        f'  <Labels name="{EVIDENCE}" toName="{TEXT}">\n'
+        f'    <Label value="{EVIDENCE}" background="#FFD54F"/>\n  </Labels>\n'
+        f'  <Choices name="{CHOICES}" toName="{TEXT}" choice="{"multiple" if multi_label else "single"}" '
+        f'showInLine="true">{choices}\n  </Choices>\n'
+        "</View>\n"
+    )
+
+
+def task(doc_id: str, text: str, chosen: list[str], score: float, model_version: str,
+         sentences: list[tuple[int, int, str]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One task: the document and the model's pre-annotation (its label(s) and its top sentences)."""
+    result: list[dict[str, Any]] = [
+        {"id": "label", "from_name": CHOICES, "to_name": TEXT, "type": "choices", "value": {"choices": chosen}}
+    ]
+    for k, (start, end, sentence) in enumerate(sentences):
+        result.append({"id": f"s{k}", "from_name": EVIDENCE, "to_name": TEXT, "type": "labels",
+                       "value": {"start": start, "end": end, "text": sentence, "labels": [EVIDENCE]}})
+    return {"data": {TEXT: text, DOC_ID: doc_id, **(extra or {})},
+            "predictions": [{"model_version": model_version, "score": round(score, 6), "result": result}]}
+
+
+@dataclass
+class Problem:
+    where: str  # "task 12 (document r-7)"
+    what: str
+
+
+@dataclass
+class Labelled:
+    rows: list[dict[str, Any]] = field(default_factory=list)  # id, text, label(s)
+    problems: list[Problem] = field(default_factory=list)
+    seen_labels: set[str] = field(default_factory=set)
+
+
+def read_export(path: Path, labels: list[str], multi_label: bool) -> Labelled:
+    """The training rows of a Label Studio export (JSON, JSON-min or CSV, by content and extension)."""
+    if not path.is_file():
+        raise ExportError(f"{path}: file not found")
+    if path.suffix.lower() == ".csv":
+        records = _csv_records(path)
+        return _from_min(path, records, labels, multi_label, row_word="row", first=2)
+    raw = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise ExportError(f"{path}: not a Label Studio export (a JSON list of tasks), but a JSON {type(data).__name__}")
+    if any(not isinstance(t, dict) for t in data):
+        k = next(i for i, t in enumerate(data) if not isinstance(t, dict))
+        raise ExportError(f"{path}: item {k + 1}: not a task (a JSON object)")
+    if data and all("annotations" in t or "data" in t for t in data):
+        return _from_full(path, data, labels, multi_label)
+    return _from_min(path, data, labels, multi_label, row_word="item", first=1)
+
+
+def _csv_records(path: Path) -> list[dict[str, Any]]:
+    csv.field_size_limit(1 << 30)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: not a readable CSV file ({e})") from None
+
+
+def _where(task_id: Any, doc_id: Any) -> str:
+    return f"task {task_id}" + (f" (document {doc_id})" if doc_id not in (None, "") else "")
+
+
+def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi_label: bool) -> Labelled:
+    out = Labelled()
+    for k, t in enumerate(tasks, 1):
+        data = t.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get(TEXT), str):
+            raise ExportError(f"{path}: item {k}: a task without data.{TEXT}: not an export of han-label's tasks")
+        where = _where(t.get("id", k), data.get(DOC_ID))
+        answers = []
+        for a in t.get("annotations") or []:
+            if not isinstance(a, dict) or a.get("was_cancelled"):
+                continue
+            chosen = [c for r in a.get("result") or [] if isinstance(r, dict) and r.get("from_name") == CHOICES
+                      for c in (r.get("value") or {}).get("choices") or []]
+            if chosen:
+                answers.append(tuple(sorted(chosen)))
+        skipped = any(isinstance(a, dict) and a.get("was_cancelled") for a in t.get("annotations") or [])
+        _add(out, where, data, set(answers), labels, multi_label, skipped)
+    return out
+
+
+def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], multi_label: bool, row_word: str,
+              first: int) -> Labelled:
+    out = Labelled()
+    if records and TEXT not in records[0]:
+        raise ExportError(f"{path}: {row_word} {first}: no '{TEXT}' field (fields: {', '.join(map(str, records[0]))}):"
+                          " not an export of han-label's tasks")
+    by_doc: dict[str, tuple[str, dict[str, Any], set[tuple[str, ...]]]] = {}
+    order: list[str] = []
+    for k, r in enumerate(records, first):
+        if not isinstance(r.get(TEXT), str):
+            raise ExportError(f"{path}: {row_word} {k}: no '{TEXT}' field: not an export of han-label's tasks")
+        chosen = _min_choices(r.get(CHOICES))
+        if chosen is None:
+            raise ExportError(f"{path}: {row_word} {k}: '{CHOICES}' is {r.get(CHOICES)!r}, not a label or labels")
+        doc = str(r.get(DOC_ID) or r.get("id") or k)
+        if doc not in by_doc:
+            by_doc[doc] = (_where(r.get("id", k), r.get(DOC_ID)), r, set())
+            order.append(doc)
+        if chosen:
+            by_doc[doc][2].add(tuple(sorted(chosen)))
+    for doc in order:
+        where, r, answers = by_doc[doc]
+        _add(out, where, r, answers, labels, multi_label, skipped=not answers)
+    return out
+
+
+def _min_choices(value: Any) -> list[str] | None:
+    """JSON-min's and CSV's choice cell: a label, {"choices": [...]} (multiple), or empty; None if neither."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, dict):
+        value = value.get("choices")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def _add(out: Labelled, where: str, data: dict[str, Any], answers: set[tuple[str, ...]], labels: list[str],
+         multi_label: bool, skipped: bool) -> None:
+    if not answers:
+        why = " (the annotator skipped it)" if skipped else ""
+        out.problems.append(Problem(where, "skipped: no annotation" + why))
+        return
+    if len(answers) > 1:
+        shown = "; ".join(", ".join(a) for a in sorted(answers))
+        out.problems.append(Problem(where, f"left out: its annotators disagree ({shown})"))
+        return
+    chosen = list(next(iter(answers)))
+    out.seen_labels.update(chosen)
+    unknown = [c for c in chosen if c not in labels]
+    if unknown:
+        shown = ", ".join(map(repr, unknown))
+        out.problems.append(Problem(where, f"left out: label {shown} is not one of the model's"))
+        return
+    if not multi_label and len(chosen) > 1:
+        shown = ", ".join(chosen)
+        out.problems.append(Problem(where, f"left out: {len(chosen)} labels ({shown}) for a single-label model"))
+        return
+    row: dict[str, Any] = {"id": str(data.get(DOC_ID) or ""), "text": data[TEXT]}
+    row["labels" if multi_label else "label"] = chosen if multi_label else chosen[0]
+    out.rows.append(row)

@@ -1,0 +1,213 @@
+"""The pool ``han-label next`` chooses from: read from a file, a folder or the inference log, scored in
+windows by worker processes (as han-score's are: spawned, one torch thread each), kept as arrays.
+
+Scoring keeps, per document, only its scores and its vector (float16): the texts stay in the Arrow
+table ``datasets`` maps from disk, so a pool larger than memory is scored window by window. Only the
+N documents chosen are read again, to be explained (their top sentences).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+WINDOW = 1_000  # documents a worker scores at a time
+_loaded: dict[str, Any] = {}  # a worker's pipeline, loaded on its first window
+
+
+class PoolError(ValueError):
+    """The pool cannot be chosen from (one line naming the source, and the row where there is one)."""
+
+
+@dataclass
+class Pool:
+    """A source's documents: the Arrow-backed ``table`` (columns ``text``, ``id``, ``label`` where
+    labelled), and ``name`` for messages."""
+
+    name: str
+    table: Any  # datasets.Dataset
+    label_column: str | None
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def open_file(source: str, text_column: str, id_column: str | None, label_column: str | None) -> Pool:
+    """A file or folder han-train reads; ids from ``id_column`` (else a column named id, else row-N)."""
+    from pathlib import Path
+
+    from scoring.read import _quiet_datasets
+    from training.sources import DataError, load_source
+
+    _quiet_datasets()
+    path = Path(source)
+    if path.is_file() and path.stat().st_size == 0:
+        raise PoolError(f"{source}: the pool is empty (an empty file)")
+    try:
+        table = load_source(source)
+    except DataError as e:
+        raise PoolError(str(e)) from None
+    columns = table.column_names
+    if text_column not in columns:
+        raise PoolError(f"{source}: no column {text_column!r} (columns: {', '.join(columns)}): see --text-column")
+    if id_column is not None and id_column not in columns:
+        raise PoolError(f"{source}: no column {id_column!r} for --id-column (columns: {', '.join(columns)})")
+    id_column = id_column or ("id" if "id" in columns else None)
+    if label_column is None:
+        label_column = next((c for c in ("label", "labels") if c in columns), None)
+    elif label_column not in columns:
+        label_column = None
+    keep = {text_column: "text"} | ({id_column: "id"} if id_column else {})
+    keep |= {label_column: "label"} if label_column else {}
+    table = table.select_columns(list(keep)).rename_columns({k: v for k, v in keep.items() if k != v})
+    if id_column is None:
+        table = table.add_column("id", [f"row-{i}" for i in range(len(table))])
+    elif table.features["id"].dtype != "string":
+        table = table.cast_column("id", _string_feature())
+    return Pool(source, table, "label" if label_column else None)
+
+
+def open_log(name: str, since: Any = None) -> Pool:
+    """The inference log of model name ``name`` (production's answers; shadows' are copies of them)."""
+    import datasets
+
+    from monitoring.log_files import log_folder, read_log
+
+    folder = log_folder(name)
+    if not folder.is_dir():
+        raise PoolError(f"log:{name}: no inference log at {folder} (has a service served {name} with HAN_LOG on?)")
+    texts, ids, seen = [], [], set()
+    hashed = 0
+    for record in read_log(folder, since=since, roles=["production"]):
+        text = record.get("text")
+        if not isinstance(text, str):
+            hashed += "text_sha256" in record
+            continue
+        key = record.get("id") or text_hash(text)
+        if key in seen:
+            continue
+        seen.add(key)
+        texts.append(text)
+        ids.append(str(record.get("id") or ""))
+    if not texts and hashed:
+        raise PoolError(f"log:{name}: the log holds texts' hashes only (HAN_LOG_TEXT=0): nothing to label")
+    return Pool(f"log:{name}", datasets.Dataset.from_dict({"text": texts, "id": ids}), None)
+
+
+def _string_feature() -> Any:
+    import datasets
+
+    return datasets.Value("string")
+
+
+def labelled_keys(pool: Pool) -> tuple[set[str], set[str]]:
+    """(ids, text hashes) of the pool's own labelled rows."""
+    if pool.label_column is None:
+        return set(), set()
+    ids, hashes = set(), set()
+    for batch in pool.table.iter(batch_size=WINDOW):
+        for text, doc, label in zip(batch["text"], batch["id"], batch["label"], strict=True):
+            if label is not None and label != "" and label != []:
+                ids.add(doc)
+                if isinstance(text, str):
+                    hashes.add(text_hash(text))
+    return ids, hashes
+
+
+def _start_worker() -> None:
+    from scoring.workers import _start_worker as start
+
+    start()
+
+
+def _score_window(model_dir: str, texts: list[Any]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """A window's scores [n, labels] (float32) and vectors [n, width] (float16); a bad text: zeros and a reason."""
+    from han import DocumentError, Pipeline
+    from han.environment import tune_process
+
+    if model_dir not in _loaded:
+        tune_process()
+        _loaded[model_dir] = Pipeline.from_directory(model_dir)
+    pipeline = _loaded[model_dir]
+    results, vectors = pipeline.with_vectors(texts)
+    probs = np.zeros((len(texts), len(pipeline.labels)), dtype=np.float32)
+    errors = []
+    for i, r in enumerate(results):
+        if isinstance(r, DocumentError):
+            errors.append((i, r.reason))
+        else:
+            probs[i] = [r.scores[label] for label in pipeline.labels]
+    return probs, vectors.astype(np.float16), errors
+
+
+def score(pool: Pool, model_dir: str, rows: np.ndarray, workers: int, tell: Callable[[int], object]
+          ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """Scores and vectors of the pool's ``rows`` (in that order), and the bad rows (row, reason).
+    ``workers`` processes (0: this one) score windows of ``WINDOW``; ``tell`` hears of each window done."""
+    windows = [rows[k: k + WINDOW] for k in range(0, len(rows), WINDOW)]
+    parts: dict[int, tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]] = {}
+    if workers == 0:
+        for k, window in enumerate(windows):
+            parts[k] = _score_window(model_dir, _texts(pool, window))
+            tell(len(window))
+    else:
+        parts = _score_in_workers(pool, model_dir, windows, workers, tell)
+    if not windows:
+        return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float16), []
+    probs = np.concatenate([parts[k][0] for k in range(len(windows))])
+    vectors = np.concatenate([parts[k][1] for k in range(len(windows))])
+    bad = [(int(windows[k][i]), reason) for k in range(len(windows)) for i, reason in parts[k][2]]
+    return probs, vectors, bad
+
+
+def _texts(pool: Pool, rows: np.ndarray) -> list[Any]:
+    return pool.table.select(rows.tolist())["text"] if len(rows) else []
+
+
+def _score_in_workers(pool: Pool, model_dir: str, windows: list[np.ndarray], workers: int,
+                      tell: Callable[[int], object]) -> dict[int, Any]:
+    import multiprocessing as mp
+
+    from scoring.environment import quiet_resource_tracker
+
+    quiet_resource_tracker()
+    parts: dict[int, Any] = {}
+    executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker)
+    pending: dict[Future, int] = {}
+    todo: Iterator[tuple[int, np.ndarray]] = iter(enumerate(windows))
+    try:
+        while True:
+            while len(pending) < 2 * workers and (item := next(todo, None)) is not None:
+                k, window = item
+                pending[executor.submit(_score_window, model_dir, _texts(pool, window))] = k
+            if not pending:
+                break
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for future in done:
+                k = pending.pop(future)
+                parts[k] = future.result()
+                tell(len(windows[k]))
+    except BaseException:
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            process.kill()
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    executor.shutdown()
+    return parts
+
+
+def default_workers() -> int:
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), 16))
+    except AttributeError:
+        return max(1, min(os.cpu_count() or 1, 16))

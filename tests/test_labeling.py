@@ -1,0 +1,218 @@
+"""han-label: the query strategies, `next`'s files, `import`'s reading of Label Studio's exports, and
+the one-line errors, run as a user runs them (the command, a real model, real files)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labeling.strategies import choose, margins
+from tests.tiny_model import read_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def han_label(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"BENTOML_DO_NOT_TRACK": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "labeling.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+# -- strategies --------------------------------------------------------------------------------------
+def test_uncertainty_chooses_the_smallest_margins_and_random_is_reproducible() -> None:
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet([1, 1, 1], size=500)
+    picked = choose("uncertainty", 20, probs)
+    m = margins(probs)
+    assert sorted(m[picked]) == sorted(np.sort(m)[:20])
+    assert list(choose("random", 20, probs, seed=3)) == list(choose("random", 20, probs, seed=3))
+    assert list(choose("random", 20, probs, seed=3)) != list(choose("random", 20, probs, seed=4))
+    with pytest.raises(ValueError, match="fewer than the 501"):
+        choose("uncertainty", 501, probs)
+
+
+def test_diverse_chooses_uncertain_documents_from_different_clusters() -> None:
+    rng = np.random.default_rng(1)
+    # 4 tight clusters of 10 uncertain documents (the 4 x 10 candidates), and certain ones: 4 choices
+    # cover the 4 clusters, where the 4 least certain would all come from the first.
+    centres = rng.normal(size=(4, 8)) * 10
+    vectors = np.concatenate([c + rng.normal(size=(10, 8)) * 0.1 for c in centres] + [rng.normal(size=(300, 8))])
+    probs = np.concatenate([np.tile([0.5, 0.5], (10, 1)), np.tile([0.52, 0.48], (30, 1)),
+                            np.tile([0.99, 0.01], (300, 1))])
+    assert {int(p) // 10 for p in choose("uncertainty", 4, probs)} == {0}
+    picked = choose("diverse", 4, probs, vectors.astype(np.float32))
+    assert len(set(picked)) == 4 and all(p < 40 for p in picked)
+    assert {int(p) // 10 for p in picked} == {0, 1, 2, 3}
+
+
+def test_multi_label_uncertainty_reads_each_label_against_the_threshold() -> None:
+    probs = np.array([[0.9, 0.1], [0.55, 0.02], [0.98, 0.99], [0.4, 0.2]])
+    assert list(choose("uncertainty", 2, probs, multi_label=True, threshold=0.5)) == [1, 3]
+
+
+# -- next ----------------------------------------------------------------------------------------------
+@pytest.fixture()
+def pool(tmp_path: Path) -> Path:
+    rows = read_jsonl("reviews.jsonl")
+    for k, row in enumerate(rows):
+        if k >= 4:
+            row["label"] = None  # the first four are labelled: never chosen
+    path = tmp_path / "pool.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_next_writes_label_studio_tasks_with_the_models_label_and_top_sentences(
+    pool: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "queue.json"
+    done = han_label("next", str(pool), "--n", "6", "--out", str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    tasks = json.loads(out.read_text())
+    config = (tmp_path / "queue.label-config.xml").read_text()
+    assert '<Choice value="neg"/>' in config and '<Choice value="pos"/>' in config and 'name="evidence"' in config
+    assert len(tasks) == 6
+    ids = [t["data"]["doc_id"] for t in tasks]
+    assert len(set(ids)) == 6 and not {"r00", "r01", "r02", "r03"} & set(ids)
+    for t in tasks:
+        (prediction,) = t["predictions"]
+        assert prediction["model_version"] == str(tiny_model_dir)
+        choice = [r for r in prediction["result"] if r["type"] == "choices"]
+        assert choice[0]["value"]["choices"][0] in ("neg", "pos")
+        spans = [r["value"] for r in prediction["result"] if r["type"] == "labels"]
+        assert 1 <= len(spans) <= 3
+        for span in spans:  # each highlight is the document's own sentence, where it stands
+            assert t["data"]["text"][span["start"]: span["end"]] == span["text"]
+    margins_ = [t["data"]["margin"] for t in tasks]
+    assert margins_ == sorted(margins_)  # the least certain first
+    # The six least certain of the unlabelled: the pool scored by the one inference path, by hand.
+    from han import Pipeline
+
+    rows = [r for r in read_jsonl("reviews.jsonl")][4:]
+    scored = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows])
+    by_margin = sorted(range(len(rows)), key=lambda k: abs(scored[k].scores["pos"] - scored[k].scores["neg"]))
+    assert set(ids) == {rows[k]["id"] for k in by_margin[:6]}
+
+
+def test_next_leaves_out_what_is_labelled_and_writes_json_lines(pool: Path, tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    labelled = tmp_path / "labelled.jsonl"
+    rows = read_jsonl("reviews.jsonl")
+    labelled.write_text("".join(json.dumps({"id": f"other-{k}", "text": r["text"], "label": r["label"]}) + "\n"
+                                for k, r in enumerate(rows[4:24])))  # known by their text, not their id
+    out = tmp_path / "queue.jsonl"
+    done = han_label("next", str(pool), "--n", "8", "--out", str(out), "--model", str(tiny_model_dir),
+                     "--labelled", str(labelled), "--strategy", "random")
+    assert done.returncode == 0, done.stderr
+    chosen = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {c["id"] for c in chosen} == {r["id"] for r in rows[24:]}
+    assert all(c["label"] in ("neg", "pos") and c["top_sentences"] for c in chosen)
+    again = han_label("next", str(pool), "--n", "9", "--out", str(out), "--model", str(tiny_model_dir),
+                      "--labelled", str(labelled))
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"han-label: error: {pool}: 8 unlabelled documents, fewer than --n 9")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "the pool is empty (an empty file)"),
+    ('{"id": "a", "text": "Good.", "label": "pos"}\n', "all 1 of its documents are labelled already"),
+    ('{"id": "a", "body": "Good."}\n', "no column 'text' (columns: id, body)"),
+])
+def test_next_refuses_a_pool_it_cannot_choose_from_in_one_line(content: str, message: str, tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    source = tmp_path / "pool.jsonl"
+    source.write_text(content)
+    out = tmp_path / "queue.json"
+    done = han_label("next", str(source), "--n", "1", "--out", str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"han-label: error: {source}: {message}"] or \
+        message in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.xml"))
+
+
+# -- import --------------------------------------------------------------------------------------------
+def _choice(*labels: str) -> list[dict]:
+    return [{"from_name": "label", "to_name": "text", "type": "choices", "value": {"choices": list(labels)}}]
+
+
+def _export(tmp_path: Path) -> Path:
+    tasks = [
+        {"id": 1, "data": {"text": "Great fun.", "doc_id": "d1"}, "annotations": [{"result": _choice("pos")}]},
+        {"id": 2, "data": {"text": "Dull.", "doc_id": "d2"}, "annotations": [{"result": _choice("neg")},
+                                                                            {"result": _choice("neg")}]},
+        {"id": 3, "data": {"text": "Hmm.", "doc_id": "d3"}, "annotations": [{"was_cancelled": True, "result": []}]},
+        {"id": 4, "data": {"text": "Mixed.", "doc_id": "d4"}, "annotations": [{"result": _choice("pos")},
+                                                                             {"result": _choice("neg")}]},
+        {"id": 5, "data": {"text": "So-so.", "doc_id": "d5"}, "annotations": [{"result": _choice("meh")}]},
+        {"id": 6, "data": {"text": "Unseen.", "doc_id": "d6"}, "annotations": []},
+    ]
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(tasks))
+    return path
+
+
+def test_import_reads_the_json_export_and_reports_each_task_left_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "labelled.jsonl"
+    export = _export(tmp_path)
+    done = han_label("import", str(export), str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"id": "d1", "text": "Great fun.", "label": "pos"}, {"id": "d2", "text": "Dull.", "label": "neg"}]
+    lines = done.stderr.strip().splitlines()
+    assert lines[:4] == [
+        f"han-label: {export}: task 3 (document d3): skipped: no annotation (the annotator skipped it)",
+        f"han-label: {export}: task 4 (document d4): left out: its annotators disagree (neg; pos)",
+        f"han-label: {export}: task 5 (document d5): left out: label 'meh' is not one of the model's",
+        f"han-label: {export}: task 6 (document d6): skipped: no annotation",
+    ]
+    assert lines[4] == f"han-label: 2 labelled documents -> {out}; 4 tasks left out (listed above)"
+
+
+def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: Path) -> None:
+    minimal = tmp_path / "min.json"
+    minimal.write_text(json.dumps([
+        {"id": 7, "text": "Great fun.", "doc_id": "d1", "label": "pos", "annotator": 1},
+        {"id": 8, "text": "Dull.", "doc_id": "d2", "label": "neg", "annotator": 1}]))
+    table = tmp_path / "export.csv"
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["id", "text", "doc_id", "label", "annotator"])
+        w.writeheader()
+        w.writerows([{"id": 7, "text": "Great, fun.\nReally.", "doc_id": "d1", "label": "pos", "annotator": 1},
+                     {"id": 8, "text": "Dull.", "doc_id": "d2", "label": "", "annotator": 1}])
+    out = tmp_path / "a.jsonl"
+    assert han_label("import", str(minimal), str(out), "--model", str(tiny_model_dir)).returncode == 0
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["d1", "d2"]
+    csv_out = tmp_path / "b.csv"
+    done = han_label("import", str(table), str(csv_out), "--model", str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    with csv_out.open(newline="") as f:
+        assert list(csv.DictReader(f)) == [{"id": "d1", "text": "Great, fun.\nReally.", "label": "pos"}]
+    assert f"han-label: {table}: task 8 (document d2): skipped: no annotation" in done.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('[{"id": 1,\n "data": }]', "line 2 column 10: not valid JSON (Expecting value)"),
+    ('{"tasks": []}', "not a Label Studio export (a JSON list of tasks), but a JSON dict"),
+    ('[{"id": 1, "text": "An apple.", "label": "fruit"}]', "its labels (fruit) are none of the model's (neg, pos): "
+                                                          "an export of another project?"),
+    ('[{"id": 1, "data": {"body": "x"}, "annotations": []}]', "item 1: a task without data.text: not an export of "
+                                                              "han-label's tasks"),
+])
+def test_import_refuses_a_bad_export_in_one_line_and_writes_nothing(content: str, message: str,
+                                                                    tiny_model_dir: Path, tmp_path: Path) -> None:
+    export = tmp_path / "export.json"
+    export.write_text(content)
+    out = tmp_path / "labelled.jsonl"
+    done = han_label("import", str(export), str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"han-label: error: {export}: {message}"]
+    assert not out.exists() and not list(tmp_path.glob(".*tmp"))
