@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--n", type=_positive, required=True, help="how many documents to choose")
     nxt.add_argument("--out", required=True, help="FILE.json (Label Studio tasks, with FILE.label-config.xml "
                                                   "beside it) or FILE.jsonl")
-    nxt.add_argument("--model", help="BentoML tag or model directory (default: $HAN_MODEL_TAG or han-imdb:production)")
+    nxt.add_argument("--model", help="BentoML tag or model directory (default: NAME:production for log:NAME, "
+                                      "else $HAN_MODEL_TAG or han-imdb:production)")
     nxt.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
                      help=f"how to choose (default {DEFAULT_STRATEGY}: the benchmark's winner, BENCHMARKS.md)")
     nxt.add_argument("--labelled", nargs="*", default=[], metavar="FILE",
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--id-column", help="the documents' id column (default: a column named id, else row-N)")
     nxt.add_argument("--seed", type=int, default=0, help="for the random and diverse strategies")
     nxt.add_argument("--since", help="log:NAME only: records since this long ago (24h, 7d) or an ISO time")
+    nxt.add_argument("--store", help="log:NAME only: the feedback store's URL (default: $HAN_FEEDBACK_STORE, "
+                                      "else the one beside the production pointer)")
     nxt.add_argument("--workers", type=int, default=None, help="scoring processes (default: the usable cores)")
     nxt.add_argument("--quiet", action="store_true", help="no progress bar")
     imp = sub.add_parser("import", help="a Label Studio export -> a file han-train reads")
@@ -131,7 +134,8 @@ def run_next(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _check_out(out, OUTPUTS, "--out")
-    model_dir, tag, saved = _model(args.model)
+    from_log = args.source.startswith("log:")
+    model_dir, tag, saved = _model(args.model or (f"{args.source[4:]}:production" if from_log else None))
     try:
         pool = _open(args)
         left_out_ids, left_out_hashes = pools.labelled_keys(pool)
@@ -178,9 +182,11 @@ def _open(args: argparse.Namespace) -> Any:
     from labeling import pool as pools
 
     if args.source.startswith("log:"):
-        return pools.open_log(args.source[4:], _since(args.since))
-    if args.since:
-        raise LabelError("--since reads the inference log only (SOURCE log:NAME)")
+        from registry.loop_commands import store_url
+
+        return pools.open_log(args.source[4:], _since(args.since), store_url(args))
+    if args.since or args.store:
+        raise LabelError("--since and --store read the inference log only (SOURCE log:NAME)")
     return pools.open_file(args.source, args.text_column, args.id_column, None)
 
 

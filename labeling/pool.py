@@ -77,11 +77,20 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     return Pool(source, table, "label" if label_column else None)
 
 
-def open_log(name: str, since: Any = None) -> Pool:
-    """The inference log of model name ``name`` (production's answers; shadows' are copies of them)."""
+def open_log(name: str, since: Any = None, store: str | None = None) -> Pool:
+    """The inference log of model name ``name`` (production's answers; shadows' are copies of them),
+    each document once; those with feedback in the feedback store (``store``: its URL, else the one
+    beside the production pointer, as han-model's) count as labelled."""
     import datasets
 
+    from monitoring.feedback_store import StoreError
     from monitoring.log_files import log_folder, read_log
+    from registry.loop_commands import feedback_map
+
+    try:
+        feedback = feedback_map(name, store, None, None)
+    except StoreError as e:
+        raise PoolError(f"log:{name}: the feedback store cannot be read ({e})") from None
 
     folder = log_folder(name)
     if not folder.is_dir():
@@ -101,7 +110,9 @@ def open_log(name: str, since: Any = None) -> Pool:
         ids.append(str(record.get("id") or ""))
     if not texts and hashed:
         raise PoolError(f"log:{name}: the log holds texts' hashes only (HAN_LOG_TEXT=0): nothing to label")
-    return Pool(f"log:{name}", datasets.Dataset.from_dict({"text": texts, "id": ids}), None)
+    labels = [", ".join(feedback[d]) if d in feedback else None for d in ids]
+    table = datasets.Dataset.from_dict({"text": texts, "id": ids, "label": labels})
+    return Pool(f"log:{name}", table, "label")
 
 
 def _string_feature() -> Any:

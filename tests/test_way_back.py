@@ -114,6 +114,20 @@ def test_the_loop_from_traffic_to_a_promoted_retrain(loop: dict) -> None:
     assert exported.returncode == 0 and "wrote 180 documents (180 with feedback)" in exported.stdout, exported.stderr
     rows = [json.loads(line) for line in (tmp / "feedback.jsonl").read_text().split("\n") if line]
     assert {r["id"] for r in rows} == {f["id"] for f in labelled} and all(r["label"] in ("neg", "pos") for r in rows)
+    # What to label next comes from the log too: the answers without feedback, the least certain first.
+    queue = cli(home, "-m", "labeling.cli", "next", f"log:{NAME}", "--n", "20", "--out", str(tmp / "queue.json"))
+    assert queue.returncode == 0, queue.stderr
+    tasks = json.loads((tmp / "queue.json").read_text())
+    chosen = [t["data"]["doc_id"] for t in tasks]
+    assert len(set(chosen)) == 20 and set(chosen) <= {f"r{i}" for i in range(180, 240)}
+    assert all(t["predictions"][0]["model_version"] == loop["production"] for t in tasks)
+    scores = [list(dict(records[f"r{i}"]["scores"]).values()) if isinstance(records[f"r{i}"]["scores"], dict)
+              else records[f"r{i}"]["scores"] for i in range(180, 240)]
+    margins = sorted(abs(a - b) for a, b in scores)
+    assert [t["data"]["margin"] for t in tasks] == pytest.approx(margins[:20], abs=1e-3)
+    refused = cli(home, "-m", "labeling.cli", "next", f"log:{NAME}", "--n", "61", "--out", str(tmp / "q.json"))
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"han-label: error: log:{NAME}: 60 unlabelled documents, fewer than --n 61")
     fit = cli(home, "-m", "training.cli", "fit", "--data.train", str(tmp / "feedback.jsonl"), "--data.test", "null",
               "--model.init_from", f"{NAME}:production", "--export.compare_with", f"{NAME}:production",
               "--export.name", NAME, "--export.faithfulness", "0", "--trainer.max_epochs", "2",
