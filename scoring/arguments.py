@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"default {DEFAULT_METHOD}; the others are signed: positive for the label, negative against it); "
         "after INPUT OUTPUT, or as --explain=METHOD (default: no explanation)",
     )
+    # Flags of earlier releases, still accepted with a warning (deprecated(): at least one release before removal).
+    p.add_argument("--no-explain", dest="old_no_explain", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--explain-method", dest="old_explain_method", type=_method, help=argparse.SUPPRESS)
     p.add_argument("--top-sentences", type=_positive, default=3, help="sentences per explanation (default: 3)")
     p.add_argument("--top-words", type=_positive, default=5, help="words per explanation (default: 5)")
     p.add_argument(
@@ -116,3 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON to FILE")
     return p
+
+
+def deprecated(args: argparse.Namespace) -> list[str]:
+    """Reads the flags of earlier releases into today's (their meaning then) and returns a warning line for
+    each: ``--no-explain`` (no explanation, today's default) and ``--explain-method M`` (the method of a
+    bare ``--explain``; without ``--explain`` it explained nothing, and still does not)."""
+    warnings = []
+    if args.old_no_explain:
+        warnings.append("--no-explain is deprecated and will be removed in a later release: "
+                        "leave it out (no explanation is the default)")
+        args.explain = None
+    if args.old_explain_method is not None:
+        warnings.append(f"--explain-method is deprecated and will be removed in a later release: "
+                        f"write --explain={args.old_explain_method}")
+        if args.explain is not None:
+            args.explain = args.old_explain_method
+    return warnings

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scoring import BatchError
-from scoring.arguments import build_parser, default_workers
+from scoring.arguments import build_parser, default_workers, deprecated
 from scoring.progress import print_summary
 from scoring.workers import Workers
 
@@ -45,6 +45,8 @@ def command() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for warning in deprecated(args):
+        print(f"han-score: warning: {warning}", file=sys.stderr)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
     try:

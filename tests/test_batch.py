@@ -654,3 +654,25 @@ def test_han_score_parses_its_arguments_without_importing_torch_or_spacy() -> No
     code = f"import sys; import scoring.cli as c; c.build_parser(); print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_flags_of_earlier_releases_work_with_a_one_line_warning(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A batch job written for an earlier release keeps running: --no-explain and --explain-method as
+    they meant then, each with one warning line, the output as today's flags give it."""
+    source = write_input(tmp_path / "in.jsonl", input_rows())
+    cases = [  # (earlier flags, today's)
+        (["--no-explain"], []),
+        (["--explain", "--explain-method", "occlusion"], ["--explain=occlusion"]),
+        (["--explain-method", "occlusion"], []),  # without --explain it explained nothing
+    ]
+    for k, (old, new) in enumerate(cases):
+        capsys.readouterr()
+        assert score(source, tmp_path / f"old{k}.jsonl", tiny_model_dir, *old, "--workers", "1", "--quiet") == 0
+        warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+        flags = [f for f in old if f.startswith("--") and f != "--explain"]
+        assert len(warnings) == len(flags) and all(
+            w.startswith(f"han-score: warning: {f} is deprecated") for w, f in zip(warnings, flags, strict=True))
+        assert score(source, tmp_path / f"new{k}.jsonl", tiny_model_dir, *new, "--workers", "1", "--quiet") == 0
+        assert read_output(tmp_path / f"old{k}.jsonl") == read_output(tmp_path / f"new{k}.jsonl")
