@@ -198,35 +198,46 @@ def report(args: argparse.Namespace) -> None:
         mine = [r for r in rows if r["corpus"] == corpus]
         strategies = sorted({r["strategy"] for r in mine}, key=lambda s: s == "random")
         sizes = sorted({r["labels"] for r in mine})
-        seeds = sorted({r["seed"] for r in mine})
-        print(f"\n## {corpus}: {args.split} accuracy, mean of seeds {seeds} (spread: max - min)")
+        print(f"\n{corpus}: {args.split} accuracy, the mean of the seeds (spread: max - min, n: seeds), and the "
+              "round's time on one core (query + fit, mean)")
         print("| labels | " + " | ".join(strategies) + " |")
         print("|---:|" + "---:|" * len(strategies))
         curves: dict[str, dict[int, float]] = {s: {} for s in strategies}
         for size in sizes:
             cells = []
             for s in strategies:
-                values = [r[args.split] for r in mine if r["labels"] == size and r["strategy"] == s]
-                if not values:
+                at = [r for r in mine if r["labels"] == size and r["strategy"] == s]
+                if not at:
                     cells.append("")
                     continue
+                values = [r[args.split] for r in at]
                 curves[s][size] = float(np.mean(values))
-                cells.append(f"{np.mean(values):.4f} (spread {max(values) - min(values):.4f}, n={len(values)})")
+                spent = np.mean([r["query_s"] + r["fit_s"] for r in at])
+                cells.append(f"{np.mean(values):.4f} (spread {max(values) - min(values):.4f}, n={len(values)}; "
+                             f"{spent:.0f} s)")
             print(f"| {size:,} | " + " | ".join(cells) + " |")
         if curves.get("random"):
             top = max(curves["random"])
             target = curves["random"][top]
-            print(f"\nrandom at {top:,} labels: {target:.4f}; labels each strategy needs to reach it:")
+            print(f"random at {top:,} labels: {target:.4f}; the labels each strategy needs to reach it "
+                  "(linear between rounds):")
             for s, curve in curves.items():
                 need = _labels_to_reach(curve, target)
                 print(f"  {s}: " + (f"{need:,.0f} ({need / top:.2f} of random's)" if need else "not reached"))
-        for s in strategies:
-            mine_s = [r for r in mine if r["strategy"] == s]
-            fit_s = [r["fit_s"] for r in mine_s]
-            query_s = [r["query_s"] for r in mine_s if r["labels"] > min(sizes)]
-            if fit_s:
-                print(f"  {s}: a round's fit {np.mean(fit_s):.0f} s (max {max(fit_s):.0f}), its query "
-                      f"{np.mean(query_s) if query_s else 0:.0f} s, on one core")
+            for s in strategies:
+                below = [(size, curves["random"][size] - curve_s) for size, curve_s in curves[s].items()
+                         if size in curves["random"]]
+                spread = {size: max(_spread(mine, size, s, args.split), _spread(mine, size, "random", args.split))
+                          for size in sizes}
+                worse = [f"{size:,} ({-d:+.4f}, spread {spread[size]:.4f})" for size, d in below if d > spread[size]]
+                if s != "random":
+                    print(f"  {s} below random by more than its seeds' spread at: {', '.join(worse) or 'no round'}")
+
+
+def _spread(rows: list[dict], size: int, strategy: str, split: str) -> float:
+    """max - min over the seeds (the larger of the two strategies' is the noise a round is read against)."""
+    values = [r[split] for r in rows if r["labels"] == size and r["strategy"] == strategy]
+    return max(values) - min(values) if values else 0.0
 
 
 def _labels_to_reach(curve: dict[int, float], target: float) -> float | None:
