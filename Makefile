@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 # The browser tests use the system Chromium; Playwright never downloads one.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: run test test-bento lint install clean
+.PHONY: run test test-bento test-label-studio lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,12 +32,17 @@ TEST_JOBS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not bento" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not bento and not label_studio" $(PYTEST_ARGS)
 
 # The bento a user ships, built, installed from its own requirements in a fresh virtual environment
 # and served from outside the checkout (tests/test_bento.py, 1.5 to 2.5 minutes: mostly pip).
 test-bento: $(STAMP)
 	$(BIN)/python -m pytest -m bento $(PYTEST_ARGS)
+
+# han-label with a real Label Studio (tests/test_label_studio.py): the PyPI package in an environment of
+# its own, cached in ~/.cache/han-tests (the first install 1.5 to 3 minutes, mostly pip; then about a minute).
+test-label-studio: $(STAMP)
+	$(BIN)/python -m pytest -m label_studio $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m service.run
