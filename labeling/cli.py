@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -127,13 +128,27 @@ def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
 
 # -- next ------------------------------------------------------------------------------------------
 def run_next(args: argparse.Namespace) -> int:
+
+    from labeling import pool as pools
+
+    out = Path(args.out)
+    _check_out(out, OUTPUTS, "--out")
+    scorers = pools.Scorers(pools.default_workers() if args.workers is None else args.workers)
+    try:
+        _next(args, out, scorers)
+    except BaseException:
+        scorers.close(abandon=True)
+        raise
+    scorers.close()
+    return 0
+
+
+def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     import numpy as np
 
     from labeling import pool as pools
     from labeling.strategies import choose
 
-    out = Path(args.out)
-    _check_out(out, OUTPUTS, "--out")
     from_log = args.source.startswith("log:")
     model_dir, tag, saved = _model(args.model or (f"{args.source[4:]}:production" if from_log else None))
     try:
@@ -145,6 +160,7 @@ def run_next(args: argparse.Namespace) -> int:
             left_out_hashes |= hashes
     except pools.PoolError as e:
         raise LabelError(str(e)) from None
+    ready = _Prepared()
     rows = _unlabelled_rows(pool, left_out_ids, left_out_hashes)
     if len(pool) == 0:
         raise LabelError(f"{pool.name}: the pool is empty (no rows)")
@@ -152,13 +168,15 @@ def run_next(args: argparse.Namespace) -> int:
         raise LabelError(f"{pool.name}: all {len(pool):,} of its documents are labelled already: nothing to choose")
     if len(rows) < args.n:
         raise LabelError(f"{pool.name}: {len(rows):,} unlabelled documents, fewer than --n {args.n:,}")
-    workers = pools.default_workers() if args.workers is None else args.workers
     if len(rows) <= pools.WINDOW:
-        workers = 0  # one window: this process, no workers to start
+        scorers.close(abandon=True)  # one window: this process scores it, sooner than a worker still importing
     progress = _progress(args.quiet)
     with progress:
         bar = progress.add_task("scoring the pool", total=len(rows))
-        probs, vectors, bad = pools.score(pool, model_dir, rows, workers, lambda n: progress.advance(bar, n))
+        try:
+            probs, vectors, bad = pools.score(pool, model_dir, rows, scorers, lambda n: progress.advance(bar, n))
+        except pools.PoolError as e:
+            raise LabelError(f"{pool.name}: {e}") from None
     bad_rows = {row for row, _ in bad}
     for row, reason in bad[:10]:
         print(f"han-label: {pool.name}: row {row + 1} ({_doc_id(pool, row)}): left out: {reason}", file=sys.stderr)
@@ -168,14 +186,19 @@ def run_next(args: argparse.Namespace) -> int:
     if len(good) < args.n:
         raise LabelError(f"{pool.name}: {len(good):,} documents that can be classified, fewer than --n {args.n:,}")
     multi = saved.model.config.multi_label
+    ready.join()
     picked = choose(args.strategy, args.n, probs[good].astype(np.float64), vectors[good].astype(np.float32),
                     seed=args.seed, multi_label=multi, threshold=saved.threshold)
     chosen_rows = rows[good[picked]]
-    records = _explain(model_dir, pool, chosen_rows, probs[good[picked]], tag, args.strategy)
+    try:
+        results = pools.explain(pool, model_dir, chosen_rows, scorers, TOP_SENTENCES)
+    except pools.PoolError as e:
+        raise LabelError(f"{pool.name}: {e}") from None
+    scorers.close(abandon=True)  # their work is done: stopped at once, not after torch's slow teardown
+    records = _records(results, pool, chosen_rows, probs[good[picked]], saved, tag, args.strategy)
     _write_next(out, records, saved.labels, multi)
     print(f"han-label: {len(records):,} of {len(rows):,} unlabelled documents chosen ({args.strategy}) -> {out}"
           + (f" and {_config_path(out)}" if out.suffix.lower() == ".json" else ""), file=sys.stderr)
-    return 0
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -218,9 +241,10 @@ def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> Any:
     from labeling.pool import WINDOW, text_hash
 
     keep = []
+    table = pool.table if hashes else pool.table.select_columns(["id"])
     for start in range(0, len(pool), WINDOW):
-        batch = pool.table[start: start + WINDOW]
-        for k, (doc, text) in enumerate(zip(batch["id"], batch["text"], strict=True)):
+        batch = table[start: start + WINDOW]
+        for k, (doc, text) in enumerate(zip(batch["id"], batch.get("text", batch["id"]), strict=True)):
             if doc in ids or (hashes and isinstance(text, str) and text_hash(text) in hashes):
                 continue
             keep.append(start + k)
@@ -237,18 +261,24 @@ def _progress(quiet: bool) -> Any:
     return make_progress(quiet or not sys.stderr.isatty())
 
 
-def _explain(model_dir: str, pool: Any, rows: Any, probs: Any, tag: str, strategy: str) -> list[dict[str, Any]]:
-    """The chosen documents with the model's label(s), scores and top sentences, in the order chosen
-    (least certain first for uncertainty)."""
-    from han import Pipeline, TopK
-    from han.environment import tune_process
+class _Prepared(threading.Thread):
+    """small-text's imports (sklearn: seconds), made in a thread while the workers score the pool."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.start()
+
+    def run(self) -> None:
+        import small_text.query_strategies  # noqa: F401
+
+
+def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, tag: str, strategy: str
+             ) -> list[dict[str, Any]]:
+    """The chosen documents with the model's label(s), scores and top sentences, the least certain first."""
     from labeling.strategies import margins
 
-    tune_process(max(1, min(4, os.cpu_count() or 1)))
-    pipeline = Pipeline.from_directory(model_dir)
     chosen = pool.table.select(rows.tolist())
-    results = pipeline(chosen["text"], explain="attention", errors="raise", top=TopK(TOP_SENTENCES, 0))
-    certainty = margins(probs, pipeline.multi_label, pipeline.saved.threshold)
+    certainty = margins(probs, saved.model.config.multi_label, saved.threshold)
     order = sorted(range(len(results)), key=lambda k: (float(certainty[k]), k))
     return [{"id": chosen[k]["id"], "text": chosen[k]["text"], "label": results[k].label, "labels": results[k].labels,
              "scores": results[k].scores, "margin": round(float(certainty[k]), 6), "model_version": tag,

@@ -12,12 +12,13 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-WINDOW = 1_000  # documents a worker scores at a time
+WINDOW = 500  # documents a worker scores at a time (as han-score's --window: the last ones leave a worker idle less)
 _loaded: dict[str, Any] = {}  # a worker's pipeline, loaded on its first window
 
 
@@ -141,15 +142,22 @@ def _start_worker() -> None:
     start()
 
 
-def _score_window(model_dir: str, texts: list[Any]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
-    """A window's scores [n, labels] (float32) and vectors [n, width] (float16); a bad text: zeros and a reason."""
-    from han import DocumentError, Pipeline
+def _pipeline(model_dir: str) -> Any:
+    """This process's pipeline of ``model_dir``, loaded on first use (one torch thread: processes use the cores)."""
+    from han import Pipeline
     from han.environment import tune_process
 
     if model_dir not in _loaded:
         tune_process()
         _loaded[model_dir] = Pipeline.from_directory(model_dir)
-    pipeline = _loaded[model_dir]
+    return _loaded[model_dir]
+
+
+def _score_window(model_dir: str, texts: list[Any]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """A window's scores [n, labels] (float32) and vectors [n, width] (float16); a bad text: zeros and a reason."""
+    from han import DocumentError
+
+    pipeline = _pipeline(model_dir)
     results, vectors = pipeline.with_vectors(texts)
     probs = np.zeros((len(texts), len(pipeline.labels)), dtype=np.float32)
     errors = []
@@ -161,60 +169,99 @@ def _score_window(model_dir: str, texts: list[Any]) -> tuple[np.ndarray, np.ndar
     return probs, vectors.astype(np.float16), errors
 
 
-def score(pool: Pool, model_dir: str, rows: np.ndarray, workers: int, tell: Callable[[int], object]
+class Scorers:
+    """``n`` scoring processes, started at once so that their imports (torch, spaCy) overlap the reading
+    of the pool; ``n`` = 0: none, the windows are scored in this process."""
+
+    def __init__(self, n: int) -> None:
+        self.executor = None
+        if n > 0:
+            import multiprocessing as mp
+
+            from scoring.environment import quiet_resource_tracker
+
+            quiet_resource_tracker()
+            self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
+            for _ in range(n):
+                self.executor.submit(os.getpid)
+        self.size = n
+
+    def close(self, abandon: bool = False) -> None:
+        if self.executor is None:
+            return
+        if abandon:  # an error or Ctrl-C: stop mid-window (Python 3.11 has no public way: hence _processes)
+            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
+                process.kill()
+        self.executor.shutdown(wait=not abandon, cancel_futures=True)
+        self.executor = None
+
+
+def score(pool: Pool, model_dir: str, rows: np.ndarray, scorers: Scorers, tell: Callable[[int], object]
           ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
-    """Scores and vectors of the pool's ``rows`` (in that order), and the bad rows (row, reason).
-    ``workers`` processes (0: this one) score windows of ``WINDOW``; ``tell`` hears of each window done."""
+    """Scores and vectors of the pool's ``rows`` (in that order), and the bad rows (row, reason), in
+    windows of ``WINDOW``; ``tell`` hears of each window done."""
     windows = [rows[k: k + WINDOW] for k in range(0, len(rows), WINDOW)]
+    if not windows:
+        return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float16), []
     parts: dict[int, tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]] = {}
-    if workers == 0:
+    if scorers.executor is None or len(windows) == 1:
         for k, window in enumerate(windows):
             parts[k] = _score_window(model_dir, _texts(pool, window))
             tell(len(window))
     else:
-        parts = _score_in_workers(pool, model_dir, windows, workers, tell)
-    if not windows:
-        return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float16), []
+        try:
+            parts = _in_workers(pool, model_dir, windows, scorers, tell)
+        except BrokenProcessPool:
+            raise PoolError("a scoring worker died (killed, or out of memory?)") from None
     probs = np.concatenate([parts[k][0] for k in range(len(windows))])
     vectors = np.concatenate([parts[k][1] for k in range(len(windows))])
     bad = [(int(windows[k][i]), reason) for k in range(len(windows)) for i, reason in parts[k][2]]
     return probs, vectors, bad
 
 
-def _texts(pool: Pool, rows: np.ndarray) -> list[Any]:
-    return pool.table.select(rows.tolist())["text"] if len(rows) else []
-
-
-def _score_in_workers(pool: Pool, model_dir: str, windows: list[np.ndarray], workers: int,
-                      tell: Callable[[int], object]) -> dict[int, Any]:
-    import multiprocessing as mp
-
-    from scoring.environment import quiet_resource_tracker
-
-    quiet_resource_tracker()
-    parts: dict[int, Any] = {}
-    executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker)
+def _in_workers(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: Scorers,
+                tell: Callable[[int], object]) -> dict[int, Any]:
+    parts = {}
     pending: dict[Future, int] = {}
     todo: Iterator[tuple[int, np.ndarray]] = iter(enumerate(windows))
-    try:
-        while True:
-            while len(pending) < 2 * workers and (item := next(todo, None)) is not None:
-                k, window = item
-                pending[executor.submit(_score_window, model_dir, _texts(pool, window))] = k
-            if not pending:
-                break
-            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-            for future in done:
-                k = pending.pop(future)
+    while True:
+        while len(pending) < 2 * scorers.size and (item := next(todo, None)) is not None:
+            k, window = item
+            pending[scorers.executor.submit(_score_window, model_dir, _texts(pool, window))] = k  # type: ignore[union-attr]
+        if not pending:
+            return parts
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        for future in done:
+            k = pending.pop(future)
+            try:
                 parts[k] = future.result()
-                tell(len(windows[k]))
-    except BaseException:
-        for process in list((getattr(executor, "_processes", None) or {}).values()):
-            process.kill()
-        executor.shutdown(wait=False, cancel_futures=True)
-        raise
-    executor.shutdown()
-    return parts
+            except BrokenProcessPool:
+                raise
+            except Exception as e:
+                raise PoolError(f"scoring failed: {type(e).__name__}: {e}") from None
+            tell(len(windows[k]))
+
+
+def _explain_window(model_dir: str, texts: list[str], top_sentences: int) -> list[Any]:
+    from han import TopK
+
+    return _pipeline(model_dir)(texts, explain="attention", errors="raise", top=TopK(top_sentences, 0))
+
+
+def explain(pool: Pool, model_dir: str, rows: np.ndarray, scorers: Scorers, top_sentences: int) -> list[Any]:
+    """The DocumentResults of the pool's ``rows`` with their top sentences by attention: in a worker,
+    whose pipeline is loaded already, else in this process."""
+    texts = _texts(pool, rows)
+    if scorers.executor is None:
+        return _explain_window(model_dir, texts, top_sentences)
+    try:
+        return scorers.executor.submit(_explain_window, model_dir, texts, top_sentences).result()
+    except BrokenProcessPool:
+        raise PoolError("a scoring worker died (killed, or out of memory?)") from None
+
+
+def _texts(pool: Pool, rows: np.ndarray) -> list[Any]:
+    return pool.table.select(rows.tolist())["text"] if len(rows) else []
 
 
 def default_workers() -> int:
