@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--since", help="log:NAME only: records since this long ago (24h, 7d) or an ISO time")
     nxt.add_argument("--store", help="log:NAME only: the feedback store's URL (default: $HAN_FEEDBACK_STORE, "
                                       "else the one beside the production pointer)")
-    nxt.add_argument("--workers", type=int, default=None, help="scoring processes (default: the usable cores)")
+    nxt.add_argument("--workers", type=_positive, default=None,
+                     help="scoring processes, this one included (default: the usable cores)")
     nxt.add_argument("--quiet", action="store_true", help="no progress bar")
     imp = sub.add_parser("import", help="a Label Studio export -> a file han-train reads")
     imp.add_argument("export", metavar="EXPORT", help="Label Studio's JSON, JSON-min (.json) or CSV (.csv) export")
@@ -133,7 +134,7 @@ def run_next(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _check_out(out, OUTPUTS, "--out")
-    scorers = pools.Scorers(pools.default_workers() if args.workers is None else args.workers)
+    scorers = pools.Scorers((pools.default_workers() if args.workers is None else args.workers) - 1)
     try:
         _next(args, out, scorers)
     except BaseException:
@@ -169,7 +170,7 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     if len(rows) < args.n:
         raise LabelError(f"{pool.name}: {len(rows):,} unlabelled documents, fewer than --n {args.n:,}")
     if len(rows) <= pools.WINDOW:
-        scorers.close(abandon=True)  # one window: this process scores it, sooner than a worker still importing
+        scorers.close(abandon=True)  # one window: this process scores it
     progress = _progress(args.quiet)
     with progress:
         bar = progress.add_task("scoring the pool", total=len(rows))
@@ -177,6 +178,7 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
             probs, vectors, bad = pools.score(pool, model_dir, rows, scorers, lambda n: progress.advance(bar, n))
         except pools.PoolError as e:
             raise LabelError(f"{pool.name}: {e}") from None
+    scorers.close(abandon=True)  # their work is done: stopped at once, not after torch's slow teardown
     bad_rows = {row for row, _ in bad}
     for row, reason in bad[:10]:
         print(f"han-label: {pool.name}: row {row + 1} ({_doc_id(pool, row)}): left out: {reason}", file=sys.stderr)
@@ -190,11 +192,7 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     picked = choose(args.strategy, args.n, probs[good].astype(np.float64), vectors[good].astype(np.float32),
                     seed=args.seed, multi_label=multi, threshold=saved.threshold)
     chosen_rows = rows[good[picked]]
-    try:
-        results = pools.explain(pool, model_dir, chosen_rows, scorers, TOP_SENTENCES)
-    except pools.PoolError as e:
-        raise LabelError(f"{pool.name}: {e}") from None
-    scorers.close(abandon=True)  # their work is done: stopped at once, not after torch's slow teardown
+    results = pools.explain(pool, model_dir, chosen_rows, TOP_SENTENCES)
     records = _records(results, pool, chosen_rows, probs[good[picked]], saved, tag, args.strategy)
     _write_next(out, records, saved.labels, multi)
     print(f"han-label: {len(records):,} of {len(rows):,} unlabelled documents chosen ({args.strategy}) -> {out}"

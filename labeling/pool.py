@@ -8,9 +8,10 @@ N documents chosen are read again, to be explained (their top sentences).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -170,8 +171,8 @@ def _score_window(model_dir: str, texts: list[Any]) -> tuple[np.ndarray, np.ndar
 
 
 class Scorers:
-    """``n`` scoring processes, started at once so that their imports (torch, spaCy) overlap the reading
-    of the pool; ``n`` = 0: none, the windows are scored in this process."""
+    """``n`` scoring processes besides this one, started at once so that their imports (torch, spaCy)
+    overlap the reading of the pool; ``n`` = 0: this process alone."""
 
     def __init__(self, n: int) -> None:
         self.executor = None
@@ -199,38 +200,37 @@ class Scorers:
 def score(pool: Pool, model_dir: str, rows: np.ndarray, scorers: Scorers, tell: Callable[[int], object]
           ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
     """Scores and vectors of the pool's ``rows`` (in that order), and the bad rows (row, reason), in
-    windows of ``WINDOW``; ``tell`` hears of each window done."""
+    windows of ``WINDOW``: the workers take them from the front, this process from the back (as
+    han-score's main process scores windows too); ``tell`` hears of each window done."""
     windows = [rows[k: k + WINDOW] for k in range(0, len(rows), WINDOW)]
     if not windows:
         return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float16), []
-    parts: dict[int, tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]] = {}
-    if scorers.executor is None or len(windows) == 1:
-        for k, window in enumerate(windows):
-            parts[k] = _score_window(model_dir, _texts(pool, window))
-            tell(len(window))
-    else:
-        try:
-            parts = _in_workers(pool, model_dir, windows, scorers, tell)
-        except BrokenProcessPool:
-            raise PoolError("a scoring worker died (killed, or out of memory?)") from None
+    try:
+        parts = _windows(pool, model_dir, windows, scorers, tell)
+    except BrokenProcessPool:
+        raise PoolError("a scoring worker died (killed, or out of memory?)") from None
     probs = np.concatenate([parts[k][0] for k in range(len(windows))])
     vectors = np.concatenate([parts[k][1] for k in range(len(windows))])
     bad = [(int(windows[k][i]), reason) for k in range(len(windows)) for i, reason in parts[k][2]]
     return probs, vectors, bad
 
 
-def _in_workers(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: Scorers,
-                tell: Callable[[int], object]) -> dict[int, Any]:
+def _windows(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: Scorers,
+             tell: Callable[[int], object]) -> dict[int, Any]:
     parts = {}
     pending: dict[Future, int] = {}
-    todo: Iterator[tuple[int, np.ndarray]] = iter(enumerate(windows))
-    while True:
-        while len(pending) < 2 * scorers.size and (item := next(todo, None)) is not None:
-            k, window = item
-            pending[scorers.executor.submit(_score_window, model_dir, _texts(pool, window))] = k  # type: ignore[union-attr]
+    todo = collections.deque(enumerate(windows))
+    while todo or pending:
+        while scorers.executor is not None and todo and len(pending) < 2 * scorers.size:
+            k, window = todo.popleft()
+            pending[scorers.executor.submit(_score_window, model_dir, _texts(pool, window))] = k
+        if todo:
+            k, window = todo.pop()
+            parts[k] = _score_window(model_dir, _texts(pool, window))
+            tell(len(window))
         if not pending:
-            return parts
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            continue
+        done, _ = wait(list(pending), timeout=0 if todo else None, return_when=FIRST_COMPLETED)
         for future in done:
             k = pending.pop(future)
             try:
@@ -240,28 +240,21 @@ def _in_workers(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: 
             except Exception as e:
                 raise PoolError(f"scoring failed: {type(e).__name__}: {e}") from None
             tell(len(windows[k]))
+    return parts
 
 
-def _explain_window(model_dir: str, texts: list[str], top_sentences: int) -> list[Any]:
+def explain(pool: Pool, model_dir: str, rows: np.ndarray, top_sentences: int) -> list[Any]:
+    """The DocumentResults of the pool's ``rows`` with their top sentences by attention (this process's
+    pipeline, loaded as it scored)."""
     from han import TopK
 
-    return _pipeline(model_dir)(texts, explain="attention", errors="raise", top=TopK(top_sentences, 0))
-
-
-def explain(pool: Pool, model_dir: str, rows: np.ndarray, scorers: Scorers, top_sentences: int) -> list[Any]:
-    """The DocumentResults of the pool's ``rows`` with their top sentences by attention: in a worker,
-    whose pipeline is loaded already, else in this process."""
-    texts = _texts(pool, rows)
-    if scorers.executor is None:
-        return _explain_window(model_dir, texts, top_sentences)
-    try:
-        return scorers.executor.submit(_explain_window, model_dir, texts, top_sentences).result()
-    except BrokenProcessPool:
-        raise PoolError("a scoring worker died (killed, or out of memory?)") from None
+    return _pipeline(model_dir)(_texts(pool, rows), explain="attention", errors="raise", top=TopK(top_sentences, 0))
 
 
 def _texts(pool: Pool, rows: np.ndarray) -> list[Any]:
-    return pool.table.select(rows.tolist())["text"] if len(rows) else []
+    """The texts of ``rows`` as a list (``table.select(...)["text"]`` is a lazy column: a fingerprinted
+    look-up per item)."""
+    return pool.table[rows.tolist()]["text"] if len(rows) else []
 
 
 def default_workers() -> int:
