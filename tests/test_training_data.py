@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,25 @@ def test_the_test_split_is_read_without_tokens_as_tokenising_would_keep_it(tmp_p
                           cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DataError, match="test: label 'meh' does not occur in the training labels"):
         other.setup()
+
+
+def test_the_validation_split_keeps_a_documents_side_as_the_labelled_set_grows(tmp_path: Path) -> None:
+    """Rounds of labelling: each fit holds out its validation split from a larger set, warm-started from
+    the last round's model. A document the last fit trained on must not be validated on now: sides are
+    decided by each text's hash, so only a few at the per-class boundaries can change sides."""
+    import json
+
+    rng = random.Random(0)
+    words = ["good", "bad", "plot", "acting", "score", "dull", "great", "long", "fun", "slow"]
+    rows = [{"text": " ".join(rng.choice(words) for _ in range(8)) + f" review {i}.", "label": ["neg", "pos"][i % 2]}
+            for i in range(1200)]
+    sides = []
+    for n in (1000, 1200):
+        path = tmp_path / f"labelled-{n}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        data = HANDataModule(str(path), val_fraction=0.1, min_freq=1, cache_dir=str(tmp_path / "cache"))
+        data.setup()
+        sides.append((set(data.texts("train")), set(data.texts("validation"))))
+        assert len(sides[-1][1]) == math.ceil(n * 0.1)
+    (trained, _), (_, validated) = sides
+    assert len(validated & trained) <= 0.05 * len(validated)  # a random split each time: about 75% of them

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,6 @@ import datasets
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Sampler
 
 from han.segment import SegmenterConfig, has_words
@@ -319,13 +320,26 @@ class HANDataModule(pl.LightningDataModule):
         return sorted(seen, key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x))
 
     def _carve_validation(self, train: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
+        """``val_fraction`` of train held out, stratified by label, each document's side decided by a
+        hash of its text (salted with the seed) rather than by a draw over this set: as the labelled set
+        grows between rounds, a document keeps its side, so a fit warm-started from the last round's model
+        (``--model.init_from``) is not validated on documents that model trained on. Per class, the
+        documents with the lowest hashes are held out, as many as a stratified split holds out."""
         hp = self.hparams
-        indices = np.arange(len(train))
-        stratify = None if self.multi_label else [t[0] for t in train["target"]]
-        if stratify is not None and min(Counter(stratify).values()) < 2:
-            stratify = None  # a class with one example cannot be split both ways
-        fit, val = train_test_split(indices, test_size=hp.val_fraction, random_state=hp.seed, stratify=stratify)
-        return train.select(np.sort(fit)), train.select(np.sort(val))
+        salt = str(hp.seed).encode()
+        keys = np.array([int.from_bytes(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8,
+                                                        key=salt).digest(), "big") for t in train["text"]],
+                        dtype=np.uint64)
+        classes = None if self.multi_label else [t[0] for t in train["target"]]
+        if classes is not None and min(Counter(classes).values()) < 2:
+            classes = None  # a class with one example cannot be split both ways
+        held = math.ceil(len(train) * hp.val_fraction)
+        groups = [np.arange(len(train))] if classes is None else \
+            [np.flatnonzero(np.array(classes) == c) for c in sorted(set(classes))]
+        counts = _allocate(held, [len(g) for g in groups])
+        val = np.concatenate([g[np.argsort(keys[g], kind="stable")[:k]] for g, k in zip(groups, counts, strict=True)])
+        fit = np.setdiff1d(np.arange(len(train)), val)
+        return train.select(fit), train.select(np.sort(val))
 
     @staticmethod
     def _iter_keys(ds: datasets.Dataset) -> Iterator[list[list[str]]]:
@@ -358,6 +372,21 @@ class HANDataModule(pl.LightningDataModule):
             else:
                 targets[row] = index[target[0]]
         return targets
+
+
+def _allocate(total: int, sizes: list[int]) -> list[int]:
+    """``total`` split across groups of ``sizes`` in proportion (largest remainders first, ties to the
+    larger group), each group keeping at least one for training where it has two or more."""
+    whole = sum(sizes)
+    exact = [total * n / whole for n in sizes]
+    counts = [min(int(e), max(n - 1, 0)) for e, n in zip(exact, sizes, strict=True)]
+    order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - int(exact[i])), -sizes[i], i))
+    for i in itertools.cycle(order):
+        if sum(counts) >= total or all(counts[j] >= max(sizes[j] - 1, 0) for j in order):
+            break
+        if counts[i] < max(sizes[i] - 1, 0):
+            counts[i] += 1
+    return counts
 
 
 def _refuse_missing_values(
