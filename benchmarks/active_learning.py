@@ -167,7 +167,9 @@ def run_all(args: argparse.Namespace) -> None:
     """Every (corpus, seed, strategy), ``--jobs`` at a time, each pinned to its own core: first the
     shared first fit of each (corpus, seed), then the strategies, seeds and corpora interleaved."""
     pairs = sorted(itertools.product(args.corpora, args.seeds), key=lambda p: (p[1], args.corpora.index(p[0])))
-    jobs = [(c, s, "start") for c, s in pairs] + [(c, s, k) for c, s in pairs for k in args.strategies]
+    main, extra = args.strategies[:2], args.strategies[2:]  # the default and random first, for every seed
+    jobs = [(c, s, "start") for c, s in pairs] + [(c, s, k) for c, s in pairs for k in main] + \
+        [(c, s, k) for c, s in pairs for k in extra]
     running: list[tuple[subprocess.Popen, int, tuple]] = []
     free = list(range(args.jobs))
     log_dir = Path(args.dir) / "logs"
@@ -262,7 +264,8 @@ def main() -> None:
     common.add_argument("--test-sample", type=int, default=5000, help="test documents read (0: all)")
     run = sub.add_parser("run", parents=[common])
     run.add_argument("corpora", nargs="+", choices=sorted(CORPORA))
-    run.add_argument("--strategies", nargs="+", default=["uncertainty", "random"])
+    run.add_argument("--strategies", nargs="+", default=["uncertainty", "random"],
+                     help="the first two run for every seed before the others")
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--jobs", type=int, default=2)
     one = sub.add_parser("one", parents=[common])
