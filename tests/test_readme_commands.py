@@ -97,7 +97,10 @@ class Served:
 def test_the_readme_has_the_commands_this_test_runs() -> None:
     assert len(classify_requests()) == 4
     assert len(starting(".venv/bin/han-score")) == 3
-    assert len(starting(".venv/bin/han-train fit")) == 3  # the third, the way back's, tests/test_way_back.py runs
+    # the third and fourth (the way back's, han-label's round) warm-start from production: tests/test_way_back.py
+    # and tests/test_label_studio.py run their like
+    assert len(starting(".venv/bin/han-train fit")) == 4
+    assert len(starting(".venv/bin/han-label")) == 2
     assert len(blocks("python")) == 1
 
 
@@ -139,6 +142,23 @@ def test_score_a_file(folder: tuple[Path, dict[str, str]]) -> None:
     assert [str(row["id"]) for row in lines] == [str(i) for i in range(32)]  # a CSV id is read as text
     explained = [json.loads(line) for line in (root / "explained.jsonl").read_text().splitlines()]
     assert all(len(row["top_words"]) <= 5 and row["top_sentences"] for row in explained)
+
+
+def test_label_next(folder: tuple[Path, dict[str, str]]) -> None:
+    """The round's han-label commands as written; Label Studio's part (tests/test_label_studio.py does it for
+    real) is an export of the tasks with their pre-annotations accepted."""
+    root, env = folder
+    next_, import_ = starting(".venv/bin/han-label")
+    run(next_, root, env)
+    tasks = json.loads((root / "queue.json").read_text())
+    assert len(tasks) == 20 and "<Choices" in (root / "queue.label-config.xml").read_text()
+    export = [{"id": k, "data": t["data"], "annotations": [{"result": t["predictions"][0]["result"]}]}
+              for k, t in enumerate(tasks)]
+    (root / "export.json").write_text(json.dumps(export))
+    run(import_, root, env)
+    rows = [json.loads(line) for line in (root / "labelled.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [t["data"]["doc_id"] for t in tasks]
+    assert [r["label"] for r in rows] == [t["predictions"][0]["result"][0]["value"]["choices"][0] for t in tasks]
 
 
 @pytest.mark.parametrize("index", [0, 1])

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from training import ngram_teacher, tokenise
 from training.batches import EncodedDocuments, LabelledTexts, LengthBucketSampler, collate_examples
 from training.self_training import soft_targets
 from training.sources import DataError, load_source
+from training.splits import stable_holdout
 
 TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
 
@@ -320,26 +318,9 @@ class HANDataModule(pl.LightningDataModule):
         return sorted(seen, key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x))
 
     def _carve_validation(self, train: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
-        """``val_fraction`` of train held out, stratified by label, each document's side decided by a
-        hash of its text (salted with the seed) rather than by a draw over this set: as the labelled set
-        grows between rounds, a document keeps its side, so a fit warm-started from the last round's model
-        (``--model.init_from``) is not validated on documents that model trained on. Per class, the
-        documents with the lowest hashes are held out, as many as a stratified split holds out."""
-        hp = self.hparams
-        salt = str(hp.seed).encode()
-        keys = np.array([int.from_bytes(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8,
-                                                        key=salt).digest(), "big") for t in train["text"]],
-                        dtype=np.uint64)
         classes = None if self.multi_label else [t[0] for t in train["target"]]
-        if classes is not None and min(Counter(classes).values()) < 2:
-            classes = None  # a class with one example cannot be split both ways
-        held = math.ceil(len(train) * hp.val_fraction)
-        groups = [np.arange(len(train))] if classes is None else \
-            [np.flatnonzero(np.array(classes) == c) for c in sorted(set(classes))]
-        counts = _allocate(held, [len(g) for g in groups])
-        val = np.concatenate([g[np.argsort(keys[g], kind="stable")[:k]] for g, k in zip(groups, counts, strict=True)])
-        fit = np.setdiff1d(np.arange(len(train)), val)
-        return train.select(fit), train.select(np.sort(val))
+        fit, val = stable_holdout(train["text"], classes, self.hparams.val_fraction, self.hparams.seed)
+        return train.select(fit), train.select(val)
 
     @staticmethod
     def _iter_keys(ds: datasets.Dataset) -> Iterator[list[list[str]]]:
@@ -372,21 +353,6 @@ class HANDataModule(pl.LightningDataModule):
             else:
                 targets[row] = index[target[0]]
         return targets
-
-
-def _allocate(total: int, sizes: list[int]) -> list[int]:
-    """``total`` split across groups of ``sizes`` in proportion (largest remainders first, ties to the
-    larger group), each group keeping at least one for training where it has two or more."""
-    whole = sum(sizes)
-    exact = [total * n / whole for n in sizes]
-    counts = [min(int(e), max(n - 1, 0)) for e, n in zip(exact, sizes, strict=True)]
-    order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - int(exact[i])), -sizes[i], i))
-    for i in itertools.cycle(order):
-        if sum(counts) >= total or all(counts[j] >= max(sizes[j] - 1, 0) for j in order):
-            break
-        if counts[i] < max(sizes[i] - 1, 0):
-            counts[i] += 1
-    return counts
 
 
 def _refuse_missing_values(
