@@ -105,17 +105,15 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _model(ref: str | None) -> tuple[str, str, Any]:
     """(model directory, tag or directory as given, SavedModel); a bad reference is a LabelError."""
     import model_store
-    from han import ModelDirectoryError
 
+    try:
+        directory, saved = model_store.open_model(ref)
+    except model_store.ModelOpenError as e:
+        raise LabelError(str(e)) from None
     ref = ref or model_store.default_model_tag()
     try:
-        directory = model_store.model_path(ref)
-        saved = model_store.load(directory)
-    except (model_store.ModelNotFoundError, ModelDirectoryError) as e:
-        raise LabelError(str(e)) from None
-    try:
         tag = model_store.resolve_tag(ref)
-    except Exception:  # a model directory outside the store
+    except model_store.ModelNotFoundError:  # a model directory outside the store
         tag = str(ref)
     return str(directory), tag, saved
 
@@ -129,7 +127,7 @@ def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
 
 # -- next ------------------------------------------------------------------------------------------
 def run_next(args: argparse.Namespace) -> int:
-
+    """``han-label next``: score the pool, choose, write the tasks (atomically); 0 on success."""
     from labeling import pool as pools
 
     out = Path(args.out)

@@ -114,6 +114,23 @@ def model_path(ref: str | Path) -> Path:
         raise ModelNotFoundError(f"no model directory or {e.args[0].removeprefix('no ')}") from None
 
 
+class ModelOpenError(RuntimeError):
+    """What a command names cannot be opened as a model: not found, or a broken model directory."""
+
+
+def open_model(ref: str | Path | None) -> tuple[Path, SavedModel]:
+    """The model directory and model a command names (the default model when ``ref`` is None): what
+    han-score and han-label open, each error one line (ModelOpenError)."""
+    from han import ModelDirectoryError
+    from han.saved_model import SavedModel
+
+    try:
+        directory = model_path(ref or default_model_tag())
+        return directory, SavedModel.load(directory)
+    except (ModelNotFoundError, ModelDirectoryError) as e:
+        raise ModelOpenError(str(e)) from None
+
+
 def load_metadata(ref: str) -> dict[str, Any]:
     """A stored model's metadata (what the fit recorded), without loading its tensors."""
     return dict(_stored(ref).info.metadata)

@@ -224,13 +224,10 @@ def _run_ray(args: argparse.Namespace) -> int:
 def _resolve_model(ref: str | None) -> tuple[str, Any]:
     """The model directory and the loaded SavedModel; a bad reference is a one-line BatchError."""
     import model_store
-    from han import ModelDirectoryError
 
-    ref = ref or model_store.default_model_tag()
     try:
-        model_dir = model_store.model_path(ref)
-        saved = model_store.load(model_dir)
-    except (model_store.ModelNotFoundError, ModelDirectoryError) as e:
+        model_dir, saved = model_store.open_model(ref)
+    except model_store.ModelOpenError as e:
         raise BatchError(str(e)) from None
     return str(model_dir), saved
 

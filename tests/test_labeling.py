@@ -139,6 +139,20 @@ def test_next_refuses_a_pool_it_cannot_choose_from_in_one_line(content: str, mes
     assert not out.exists() and not list(tmp_path.glob("*.xml"))
 
 
+def test_an_unknown_model_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "pool.jsonl"
+    source.write_text('{"id": "a", "text": "Good."}\n')
+    out = tmp_path / "queue.json"
+    for command in (["next", str(source), "--n", "1", "--out", str(out)],
+                    ["import", str(source), str(tmp_path / "labelled.jsonl")]):
+        done = han_label(*command, "--model", "han-nope:v1")
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "han-label: error: no model directory or BentoML model named 'han-nope:v1' "
+            "(train one with `han-train fit`, or see `bentoml models list`)"]
+        assert not out.exists() and not (tmp_path / "labelled.jsonl").exists()
+
+
 # -- import --------------------------------------------------------------------------------------------
 def _choice(*labels: str) -> list[dict]:
     return [{"from_name": "label", "to_name": "text", "type": "choices", "value": {"choices": list(labels)}}]
