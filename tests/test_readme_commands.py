@@ -3,8 +3,8 @@
 tests/test_readme.py checks every command statically; this runs the ones a user types first after
 ``make run``: the curl requests and the Python API against the default model (here the tiny test
 model, registered as ``han-imdb`` in a temporary model store), the three han-score lines, the two
-own-data fits, and serving with API keys. ``make run``/``make test`` (minutes) and the TLS example
-(tests/test_service_auth.py serves TLS) are left out. The only change made to a command is the port:
+own-data fits, and serving with API keys. ``make run``/``make test`` (minutes) are left out, and so is
+docs/serving.md's TLS example (tests/test_service_auth.py serves TLS). The only change made to a command is the port:
 3000 becomes a free one.
 """
 
