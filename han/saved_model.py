@@ -60,6 +60,8 @@ class SavedModel:
         if self.ngrams is not None:
             config["ngram_head"] = {"han_share": self.ngrams.han_share, "ngrams": self.ngrams.size,
                                     "multi_label": self.ngrams.multi_label}
+            if self.ngrams.buckets:
+                config["ngram_head"]["buckets"] = self.ngrams.buckets
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
         self.vocab.save(directory / VOCAB_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")

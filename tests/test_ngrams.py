@@ -30,12 +30,16 @@ def _corpus(shared_datasets: Path, name: str, n: int) -> tuple[list[str], np.nda
     return table.text.tolist(), np.array([labels.index(v) for v in table.label]), labels
 
 
-@pytest.mark.parametrize("name", ["imdb", "20newsgroups"])
-def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "buckets"),
+                         [("imdb", 0), ("20newsgroups", 0), ("imdb", 2**20), ("20newsgroups", 2**12)])
+def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, name: str, buckets: int) -> None:
     texts, targets, labels = _corpus(shared_datasets, name, 700)
-    baseline = train_baseline(texts[:400], targets[:400], multi_label=False)
+    baseline = train_baseline(texts[:400], targets[:400], multi_label=False, buckets=buckets)
     head = head_from_baseline(baseline, len(labels))
-    assert head.size == len(baseline.vectorizer.vocabulary_)
+    assert head.buckets == buckets
+    assert head.size == (baseline.vectorizer.size if buckets else len(baseline.vectorizer.vocabulary_))
+    if buckets == 2**12:  # more n-grams than buckets: the head's table is the buckets, whatever the corpus
+        assert head.size <= buckets and int(head.keys.max()) < buckets
     scored = texts[400:] + ODD
     expected = baseline.classifier.predict_proba(baseline.vectorizer.transform(scored))
     full = np.zeros((len(scored), len(labels)))
@@ -49,17 +53,23 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
             assert terms + head.intercept[label] == pytest.approx(row[label], abs=1e-4)
 
 
-def test_a_multi_label_head_computes_what_one_vs_rest_computes(shared_datasets: Path) -> None:
+@pytest.mark.parametrize("buckets", [0, 2**16])
+def test_a_multi_label_head_computes_what_one_vs_rest_computes(shared_datasets: Path, buckets: int) -> None:
     table = pq.read_table(shared_datasets / "reuters21578" / "train.parquet").to_pandas().sample(900, random_state=0)
     labels = sorted({label for row in table.labels for label in row})
     targets = np.array([[label in row for label in labels] for row in table.labels], dtype=int)
     texts = table.text.tolist()
-    baseline = train_baseline(texts[:600], targets[:600], multi_label=True)
-    assert sum(not hasattr(e, "coef_") for e in baseline.classifier.estimators_) > 0  # labels none of 600 has
+    baseline = train_baseline(texts[:600], targets[:600], multi_label=True, buckets=buckets)
+    if not buckets:  # labels none of 600 has
+        assert sum(not hasattr(e, "coef_") for e in baseline.classifier.estimators_) > 0
     head = head_from_baseline(baseline, len(labels))
     scored = texts[600:] + ODD
     expected = baseline.classifier.predict_proba(baseline.vectorizer.transform(scored))
     np.testing.assert_allclose(head.probabilities(scored), expected, atol=1e-9)
+    # a text with no known n-gram is unlikely to have a rare label (the streamed fit once left rare labels'
+    # intercepts at -0.7: probability 0.34, and every such label at a threshold of 0.25)
+    rare = targets[:600].sum(0) <= 2
+    assert rare.sum() > 10 and head.probabilities([""])[0, rare].max() < 0.05
     valid, truth = texts[600:], targets[600:]
     noise = np.random.default_rng(0).random((len(valid), len(labels))) * 0.6
     kept, summary = choose_head(baseline, noise, valid, truth)
@@ -76,15 +86,17 @@ def test_a_label_no_training_document_has_gets_probability_zero(shared_datasets:
     np.testing.assert_allclose(probs.sum(1), 1.0)
 
 
-def test_the_head_survives_saving_with_the_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("buckets", [0, 2**20])
+def test_the_head_survives_saving_with_the_model(tmp_path: Path, tiny_model_dir: Path, buckets: int) -> None:
     rows = read_jsonl("reviews.jsonl")
     saved = SavedModel.load(tiny_model_dir)
     targets = np.array([saved.labels.index(r["label"]) for r in rows])
     texts = [r["text"] for r in rows]
-    saved.ngrams = head_from_baseline(train_baseline(texts, targets, multi_label=False), len(saved.labels), 0.25)
+    saved.ngrams = head_from_baseline(train_baseline(texts, targets, multi_label=False, buckets=buckets),
+                                      len(saved.labels), 0.25)
     expected = saved.ngrams.probabilities(texts)
     loaded = SavedModel.load(saved.save(tmp_path / "model"))
-    assert loaded.ngrams is not None and loaded.ngrams.han_share == 0.25
+    assert loaded.ngrams is not None and loaded.ngrams.han_share == 0.25 and loaded.ngrams.buckets == buckets
     assert json.loads((tmp_path / "model" / "config.json").read_text())["ngram_head"]["ngrams"] == saved.ngrams.size
     # float32 on disk; the arrays must come back in their order (a column-indexed copy is Fortran-ordered)
     np.testing.assert_allclose(loaded.ngrams.probabilities(texts), expected, atol=1e-5)
@@ -135,21 +147,25 @@ def test_the_share_is_chosen_on_validation(shared_datasets: Path) -> None:
     assert nll[1] < nll[0]
 
 
-def test_a_fit_keeps_the_head_when_it_helps_and_test_and_predict_use_it(tmp_path: Path,
+@pytest.mark.parametrize("buckets", [0, 2**18])
+def test_a_fit_keeps_the_head_when_it_helps_and_test_and_predict_use_it(tmp_path: Path, buckets: int,
                                                                          caplog: pytest.LogCaptureFixture) -> None:
     """One epoch at a tiny learning rate leaves the HAN near chance on the smoke reviews, which the
-    baseline (trained on them, the smoke run's validation split too) gets right: the head is kept."""
+    baseline (trained on them, the smoke run's validation split too) gets right: the head is kept,
+    with the vocabulary or hashed (``--export.ngram_buckets``)."""
     import logging
 
     from tests.test_training import SMOKE, fit, rows
     from training.cli import main
 
     caplog.set_level(logging.INFO)
-    weak = ("--trainer.max_epochs", "1", "--model.lr", "0.0001", "--export.faithfulness", "0")
+    weak = ("--trainer.max_epochs", "1", "--model.lr", "0.0001", "--export.faithfulness", "0",
+            "--export.ngram_buckets", str(buckets))
     root = fit(tmp_path, *weak)
     saved = SavedModel.load(root / "model")
     head = saved.metadata["ngram_head"]
     assert saved.ngrams is not None and saved.ngrams.han_share == head["han_share"] < 1
+    assert saved.ngrams.buckets == head["buckets"] == buckets and head["megabytes"] >= 0
     assert head["validation_accuracy"]["averaged"] == 1.0 > head["validation_accuracy"]["han"]
     assert "n-gram head kept: scores are" in caplog.text and "the HAN alone: accuracy" in caplog.text
     test = saved.metadata["metrics"]["test"]

@@ -21,10 +21,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.multiclass import OneVsRestClassifier
 
+from training.hashed_ngrams import HashedTfidf, StreamedRegression
 from training.progress import Step
 from training.report import threshold_with_best_micro_f1
 
 MODEL = "TF-IDF 1-2 grams + logistic regression"
+C = 10.0  # the regression's inverse L2 strength
 MIN_DF_FROM = 100  # training documents from which a word must occur in 2 of them (fewer: tiny fixtures)
 CHUNK = 2_000  # documents scored at a time, for the progress bar
 
@@ -33,8 +35,8 @@ CHUNK = 2_000  # documents scored at a time, for the progress bar
 class Baseline:
     """A fitted vectoriser and classifier; ``threshold`` decides a multi-label model's labels."""
 
-    vectorizer: TfidfVectorizer
-    classifier: LogisticRegression | OneVsRestClassifier
+    vectorizer: TfidfVectorizer | HashedTfidf
+    classifier: LogisticRegression | OneVsRestClassifier | StreamedRegression
     multi_label: bool
     threshold: float = 0.5
 
@@ -64,24 +66,38 @@ class Baseline:
 
 
 def train_baseline(texts: list[str], targets: np.ndarray, multi_label: bool,
-                   validation: tuple[list[str], np.ndarray] | None = None, threshold: float | None = None) -> Baseline:
-    """Fit TF-IDF (word 1-2 grams, sublinear tf, min_df=2; 1 under ``MIN_DF_FROM`` documents) and a
-    logistic regression (C=10; one-vs-rest for multi-label, whose threshold is ``threshold``, else
-    the one with the best micro-F1 on ``validation``, else 0.5: as the HAN's is chosen)."""
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2 if len(texts) >= MIN_DF_FROM else 1)
+                   validation: tuple[list[str], np.ndarray] | None = None, threshold: float | None = None,
+                   buckets: int = 0) -> Baseline:
+    """Fit TF-IDF (word 1-2 grams, sublinear tf, min_df=2; 1 under ``MIN_DF_FROM`` documents; hashed
+    into ``buckets`` when not 0, training.hashed_ngrams) and a logistic regression (C=10; one-vs-rest
+    for multi-label, whose threshold is ``threshold``, else the one with the best micro-F1 on
+    ``validation``, else 0.5: as the HAN's is chosen)."""
+    min_df = 2 if len(texts) >= MIN_DF_FROM else 1
+    if buckets:  # a table of fixed size and a fit that streams (training.hashed_ngrams)
+        vectorizer = HashedTfidf(buckets, min_df).fit(texts)
+        labels = targets.shape[1] if multi_label else 0
+        classifier = StreamedRegression(C, multi_label, labels).fit(vectorizer, texts, targets.astype(int))
+        baseline = Baseline(vectorizer, classifier, multi_label)
+        return _with_threshold(baseline, validation, threshold)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=min_df)
     features = vectorizer.fit_transform(texts)
-    regression = LogisticRegression(C=10, max_iter=2000)
+    regression = LogisticRegression(C=C, max_iter=2000)
     with warnings.catch_warnings():  # a label no training document has is predicted constant (expected);
         # a baseline short of full convergence after 2,000 iterations is still the baseline: no warning
         warnings.filterwarnings("ignore", category=UserWarning, message="Label not")
         warnings.filterwarnings("ignore", category=ConvergenceWarning)
         classifier = (OneVsRestClassifier(regression) if multi_label else regression).fit(
             features, targets.astype(int))
-    baseline = Baseline(vectorizer, classifier, multi_label)
-    if multi_label:
+    return _with_threshold(Baseline(vectorizer, classifier, multi_label), validation, threshold)
+
+
+def _with_threshold(baseline: Baseline, validation: tuple[list[str], np.ndarray] | None,
+                    threshold: float | None) -> Baseline:
+    """A multi-label baseline's threshold: ``threshold``, else the best micro-F1's on validation, else 0.5."""
+    if baseline.multi_label:
         if threshold is None and validation is not None:
-            threshold = threshold_with_best_micro_f1(classifier.predict_proba(vectorizer.transform(validation[0])),
-                                                     validation[1])
+            probs = baseline.classifier.predict_proba(baseline.vectorizer.transform(validation[0]))
+            threshold = threshold_with_best_micro_f1(probs, validation[1])
         baseline.threshold = 0.5 if threshold is None else threshold
     return baseline
 
@@ -96,7 +112,8 @@ def labelled_training_split(data: Any) -> tuple[list[str], np.ndarray]:
     return data.texts("train")[:human], targets.numpy()
 
 
-def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -> tuple[dict[str, Any], Baseline]:
+def run_baseline(data: Any, splits: list[str], threshold: float | None = None,
+                 buckets: int = 0) -> tuple[dict[str, Any], Baseline]:
     """Train the baseline on the datamodule's labelled training split and score it on ``splits``:
     the ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``), and the
     fitted baseline (the n-gram head's source, training.ngram_head)."""
@@ -105,10 +122,12 @@ def run_baseline(data: Any, splits: list[str], threshold: float | None = None) -
     start = time.perf_counter()
     validation = (data.texts("validation"), data.splits["validation"].targets.numpy()) \
         if "validation" in data.splits else None
-    baseline = train_baseline(texts, targets, data.multi_label, validation, threshold)
+    baseline = train_baseline(texts, targets, data.multi_label, validation, threshold, buckets)
     seconds = time.perf_counter() - start
     rank_zero_info(f"baseline ({MODEL}) on {len(texts):,} training documents: {seconds:.2f} s")
     summary: dict[str, Any] = {"model": MODEL, "training_documents": len(texts), "seconds": round(seconds, 2)}
+    if buckets:
+        summary["buckets"] = buckets
     if data.multi_label:
         summary["threshold"] = baseline.threshold
     for split in splits:

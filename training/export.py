@@ -79,6 +79,9 @@ class ExportModel(pl.Callback):
         ngram_head: with the baseline: keep it beside the HAN as an n-gram head when
             averaging the two models' probabilities scores better on validation, with the HAN's share
             chosen there (training.ngram_head); every caller's scores are then the average.
+        ngram_buckets: hash the baseline's and the head's 1-2 grams into this many buckets
+            (training.hashed_ngrams): a table of fixed size whatever the corpus, and a fit that holds
+            no vocabulary. 0: scikit-learn's vocabulary of every n-gram in 2 training documents.
         compare_with: a stored model (e.g. ``han-imdb:production``) to compare the new one with on the
             test split (else validation) before it is registered: the figures of ``han-model compare``
             (training.compare), logged and kept in the model's metadata as ``comparison``, where
@@ -89,11 +92,13 @@ class ExportModel(pl.Callback):
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
                  threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
                  faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1,
-                 ngram_head: bool = True, compare_with: str | None = None) -> None:
+                 ngram_head: bool = True, compare_with: str | None = None, ngram_buckets: int = 0) -> None:
         if faithfulness < 0 or faithfulness_tau < 0:
             raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
         if faithfulness_budget is not None and not faithfulness_budget > 0:
             raise ValueError(f"export.faithfulness_budget must be above 0 (null for none), not {faithfulness_budget}")
+        if ngram_buckets < 0:
+            raise ValueError(f"export.ngram_buckets must be 0 (the vocabulary) or more, not {ngram_buckets}")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
         self._compare_ref = compare_with  # as given; compare_with: the version it names now, for the whole run
@@ -116,6 +121,7 @@ class ExportModel(pl.Callback):
         self._fit_started: float | None = None  # the faithfulness budget's clock (fit only)
         self.baseline = baseline
         self.ngram_head = ngram_head
+        self.ngram_buckets = ngram_buckets
         self._validation_logits: np.ndarray | None = None  # the HAN's, from calibration: the head's choice reuses them
         self.tag: str | None = None
 
@@ -205,7 +211,7 @@ class ExportModel(pl.Callback):
         if not self.baseline:
             return None, None
         try:
-            return run_baseline(data, splits, self.threshold)
+            return run_baseline(data, splits, self.threshold, self.ngram_buckets)
         except ValueError as e:  # scikit-learn's: an empty vocabulary, a single class in the training split
             rank_zero_info(f"baseline skipped: {e}")
             return None, None

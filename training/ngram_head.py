@@ -24,6 +24,7 @@ from sklearn.metrics import f1_score
 from han.calibration import fit_temperature, probabilities
 from han.ngrams import NgramHead, align_classes
 from training.baseline import Baseline
+from training.hashed_ngrams import HashedTfidf
 from training.progress import Step
 from training.report import threshold_with_best_micro_f1
 
@@ -35,6 +36,13 @@ def head_from_baseline(baseline: Baseline, labels: int, han_share: float = 0.0) 
     """The fitted TF-IDF + logistic regression as plain arrays over every label (multi-label: one row
     per one-vs-rest regression)."""
     vectorizer, classifier = baseline.vectorizer, baseline.classifier
+    hashed = isinstance(vectorizer, HashedTfidf)
+    if hashed:
+        coef, intercept = classifier.coef_, classifier.intercept_
+        if not baseline.multi_label:
+            coef, intercept = align_classes(coef, intercept, classifier.classes_.tolist(), labels)
+        return NgramHead.from_buckets(vectorizer.columns_, vectorizer.idf_, coef, intercept, han_share,
+                                      baseline.multi_label, vectorizer.buckets)
     if baseline.multi_label:
         width = len(vectorizer.vocabulary_)
         rows = [(e.coef_[0], float(e.intercept_[0])) if hasattr(e, "coef_")
@@ -45,6 +53,11 @@ def head_from_baseline(baseline: Baseline, labels: int, han_share: float = 0.0) 
         coef, intercept = align_classes(classifier.coef_, classifier.intercept_, classifier.classes_.tolist(), labels)
     return NgramHead.from_ngrams(vectorizer.vocabulary_, vectorizer.idf_, coef, intercept, han_share,
                                  baseline.multi_label)
+
+
+def _size(head: NgramHead) -> str:
+    grams = f"{head.size:,} of {head.buckets:,} hashed buckets" if head.buckets else f"{head.size:,} n-grams"
+    return f"{grams}, {head.nbytes / 1e6:.1f} MB"
 
 
 def _scores(probs: np.ndarray, targets: np.ndarray, multi_label: bool,
@@ -77,7 +90,8 @@ def choose_head(baseline: Baseline, han_probs: np.ndarray, texts: list[str], tar
         "han_share": share, "chosen_by": f"best {metric} on the validation split (ties: the larger HAN share)",
         f"validation_{metric}": {"han": round(scored[-1][0], 4), "ngrams": round(scored[0][0], 4),
                                  "averaged": round(scored[best][0], 4)},
-        "ngrams": head.size, "head_temperature": round(temperature, 4)}
+        "ngrams": head.size, "buckets": head.buckets, "megabytes": round(head.nbytes / 1e6, 1),
+        "head_temperature": round(temperature, 4)}
     name = "micro-F1" if multi_label else "accuracy"
     if share >= 1.0:
         rank_zero_info(f"n-gram head not kept: the HAN alone scores best on validation ({name} {scored[-1][0]:.4f}; "
@@ -88,6 +102,6 @@ def choose_head(baseline: Baseline, han_probs: np.ndarray, texts: list[str], tar
         summary["threshold"], summary["han_threshold"] = scored[best][1], scored[-1][1]
     at = f" at threshold {scored[best][1]}" if multi_label else ""
     rank_zero_info(f"n-gram head kept: scores are {share:.2f} x the HAN's + {1 - share:.2f} x TF-IDF 1-2 grams' "
-                   f"({head.size:,} n-grams); validation {name} {scored[best][0]:.4f}{at}, against the HAN alone "
+                   f"({_size(head)}); validation {name} {scored[best][0]:.4f}{at}, against the HAN alone "
                    f"{scored[-1][0]:.4f} and the n-grams alone {scored[0][0]:.4f}")
     return head, summary
