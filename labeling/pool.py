@@ -48,10 +48,10 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     """A file or folder han-train reads; ids from ``id_column`` (else a column named id, else row-N)."""
     from pathlib import Path
 
-    from scoring.read import _quiet_datasets
+    from scoring.read import quiet_datasets
     from training.sources import DataError, load_source
 
-    _quiet_datasets()
+    quiet_datasets()
     path = Path(source)
     if path.is_file() and path.stat().st_size == 0:
         raise PoolError(f"{source}: the pool is empty (an empty file)")
@@ -138,7 +138,7 @@ def labelled_keys(pool: Pool) -> tuple[set[str], set[str]]:
 
 
 def _start_worker() -> None:
-    from scoring.workers import _start_worker as start
+    from scoring.workers import start_worker as start
 
     start()
 

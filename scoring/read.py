@@ -139,7 +139,7 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
 
     if fmt == "parquet":
         return _open_parquet(path, text_column, id_column)
-    _quiet_datasets()
+    quiet_datasets()
     try:
         options = {"csv": _csv_options(None)}.get(fmt, {})
         ds = _load(path, fmt, options)
@@ -238,7 +238,7 @@ def _count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def _quiet_datasets() -> None:
+def quiet_datasets() -> None:
     """datasets logs read errors itself (tracebacks included); han-score reports them in one line."""
     import datasets
 

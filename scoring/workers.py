@@ -29,7 +29,7 @@ class WorkerError(Exception):
     """A worker died or failed; the message says which in one line."""
 
 
-def _start_worker() -> None:
+def start_worker() -> None:
     """Each worker's first act: the heavy imports (seconds, overlapping the parent's own start-up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
@@ -72,7 +72,7 @@ class Workers:
 
         quiet_resource_tracker()  # before the pool starts its resource tracker, which inherits the environment
         self.size = n
-        self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
+        self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=start_worker)
         self.pending: dict[Future[ScoredWindow], tuple[int, list[Any]]] = {}  # future -> (seq, texts)
         self.job: tuple[str, ScoringOptions] | None = None
         self.closed = False

@@ -7,6 +7,7 @@ registry/      han-model, beside the model store            han, model_store, mo
 training/      han-train (Lightning)                        han, model_store
 service/       the BentoML service                          han, model_store, monitoring
 scoring/       han-score                                    han, model_store
+labeling/      han-label, a CLI over the others             han, model_store, monitoring, registry, scoring, training
 tests/, benchmarks/  never the serving entry points (service.run, service.service)
 """
 
@@ -21,7 +22,8 @@ import pytest
 
 from tests.conftest import REPO
 
-OURS = {"han", "model_store", "monitoring", "registry", "training", "service", "scoring", "tests", "benchmarks"}
+OURS = {"han", "model_store", "monitoring", "registry", "training", "service", "scoring", "labeling", "tests",
+        "benchmarks"}
 ALLOWED = {
     "han": set(),
     "model_store": {"han"},
@@ -30,6 +32,7 @@ ALLOWED = {
     "training": {"han", "model_store"},
     "service": {"han", "model_store", "monitoring"},
     "scoring": {"han", "model_store"},
+    "labeling": {"han", "model_store", "monitoring", "registry", "scoring", "training"},
 }
 # han-model (registry/cli.py) runs a comparison with training.compare, imported inside the one function
 # that compares, so that `han-model status` and the rest never load training.
