@@ -67,7 +67,8 @@ def write_labelled(path: Path, rows: list[int], texts: list[str], labels: list[s
             f.write(json.dumps({"id": f"pool-{i}", "text": texts[i], "label": labels[i]}) + "\n")
 
 
-def fit(workdir: Path, train: Path, seed: int, init_from: Path | None, unlabeled: Path | None) -> Path:
+def fit(workdir: Path, train: Path, seed: int, init_from: Path | None, unlabeled: Path | None,
+        validation: Path | None = None) -> Path:
     """One ``han-train fit``, as a user runs it; returns the model directory."""
     model = workdir / "model"
     if (model / "config.json").exists():
@@ -79,6 +80,8 @@ def fit(workdir: Path, train: Path, seed: int, init_from: Path | None, unlabeled
         cmd += ["--model.init_from", str(init_from)]
     if unlabeled is not None:
         cmd += ["--data.unlabeled", str(unlabeled), "--self_training.fraction", "0"]
+    if validation is not None:
+        cmd += ["--data.validation", str(validation)]
     with (workdir / "fit.log").open("w") as log:
         done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode or not (model / "config.json").exists():
@@ -110,6 +113,12 @@ def run_one(args: argparse.Namespace) -> None:
         pq.write_table(pa.table({"text": pool_texts}), unlabeled.with_suffix(".tmp"))
         unlabeled.with_suffix(".tmp").rename(unlabeled)
     start = np.sort(np.random.default_rng(seed).choice(len(pool_texts), args.start, replace=False)).tolist()
+    # STRATEGY-dev: a tenth of each round's labels (and of the start's) drawn at random and kept apart as
+    # the fits' validation split, the rest chosen by STRATEGY: every choice the fit makes (early stopping,
+    # the n-gram head's share) is then read on documents like the traffic, not on the least certain ones
+    base, dev = strategy.removesuffix("-dev"), strategy.endswith("-dev")
+    dev_rows: list[int] = sorted(np.random.default_rng(seed + 1).choice(start, args.start // 10, replace=False)
+                                 .tolist()) if dev else []
     results = Path(args.dir) / "results.jsonl"
     mine = (corpus, seed, strategy)
     done = {r["labels"] for r in _results(results) if (r["corpus"], r["seed"], r["strategy"]) == mine}
@@ -119,31 +128,42 @@ def run_one(args: argparse.Namespace) -> None:
         shared = size == args.start  # the first model is every strategy's ("start" fits only it)
         if strategy == "start" and not shared:
             return
-        workdir = root / ("start" if shared else f"{strategy}-{size}")
+        workdir = root / (("start-dev" if dev else "start") if shared else f"{strategy}-{size}")
         workdir.mkdir(parents=True, exist_ok=True)
         chosen_file = workdir / "labelled.json"
         query_s = 0.0
         if not shared:
             if chosen_file.exists():
-                labelled = json.loads(chosen_file.read_text())
+                saved = json.loads(chosen_file.read_text())
+                labelled, dev_rows = (saved["labelled"], saved["dev"]) if dev else (saved, [])
             else:
                 t = time.perf_counter()
                 rest = np.setdiff1d(np.arange(len(pool_texts)), labelled)
-                if strategy == "random":
+                if dev:
+                    drawn = np.random.default_rng(seed * 1000 + size + 1).choice(rest, args.step // 10, replace=False)
+                    dev_rows = sorted(dev_rows + drawn.tolist())
+                    labelled = labelled + drawn.tolist()
+                    rest = np.setdiff1d(rest, drawn)
+                take = args.step - (args.step // 10 if dev else 0)
+                if base == "random":
                     probs, vectors = np.zeros((len(rest), 2)), None
                 else:
                     scored = Pipeline.from_directory(previous)  # type: ignore[arg-type]
                     out, vectors = scored.with_vectors([pool_texts[i] for i in rest])
                     probs = np.array([[r.scores[k] for k in scored.labels] for r in out])
-                picked = choose(strategy, args.step, probs, vectors, seed=seed * 1000 + size,
-                                multi_label=False)
+                picked = choose(base, take, probs, vectors, seed=seed * 1000 + size, multi_label=False)
                 labelled = labelled + rest[picked].tolist()
                 query_s = time.perf_counter() - t
-                chosen_file.write_text(json.dumps(labelled))
+                chosen_file.write_text(json.dumps({"labelled": labelled, "dev": dev_rows} if dev else labelled))
         train = workdir / "labelled.jsonl"
-        write_labelled(train, labelled, pool_texts, pool_labels)
+        held = set(dev_rows)
+        write_labelled(train, [i for i in labelled if i not in held], pool_texts, pool_labels)
+        validation = None
+        if dev:
+            validation = workdir / "dev.jsonl"
+            write_labelled(validation, dev_rows, pool_texts, pool_labels)
         t = time.perf_counter()
-        model = fit(workdir, train, seed, previous, unlabeled if shared else None)
+        model = fit(workdir, train, seed, previous, unlabeled if shared else None, validation)
         fit_s = time.perf_counter() - t
         previous = model
         if size in done or strategy == "start":
