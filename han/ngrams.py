@@ -16,9 +16,9 @@ their buckets instead, a table of fixed size whatever the corpus.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
 
@@ -81,34 +81,82 @@ class NgramHasher:
     def grams(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(document, key) of every 1-gram and 2-gram of ``texts``, 1-grams first (a 2-gram never spans
         two documents): what the head looks up, and what a hashed fit counts (training.hashed_ngrams)."""
+        owner, keys, _, _ = self._grams(texts, keep_tokens=False)
+        return owner, keys
+
+    def _grams(self, texts: Sequence[str], keep_tokens: bool) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+        """``grams`` and, with ``keep_tokens``, every document's tokens in one list and each gram's first
+        token's index in it (a 1-gram's own, a 2-gram's first word's)."""
         hashes: list[int] = []
         lengths: list[int] = []
+        words: list[str] = []
         for text in texts:
             tokens = TOKEN.findall(text.lower())
             hashes += self.token_hashes(tokens)
             lengths.append(len(tokens))
+            if keep_tokens:
+                words += tokens
         unigrams = np.array(hashes, dtype=np.uint64)
         doc = np.repeat(np.arange(len(texts)), lengths)
         inside = doc[:-1] == doc[1:]
         with np.errstate(over="ignore"):
             bigrams = unigrams[:-1][inside] * MIX + unigrams[1:][inside]
-        return np.concatenate([doc, doc[:-1][inside]]), self.keyed(np.concatenate([unigrams, bigrams]))
+        first = np.concatenate([np.arange(len(unigrams)), np.flatnonzero(inside)]) if keep_tokens else np.zeros(0)
+        return np.concatenate([doc, doc[:-1][inside]]), self.keyed(np.concatenate([unigrams, bigrams])), words, first
 
-    def tfidf(self, texts: Sequence[str], keys: np.ndarray,
-              idf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def tfidf(self, texts: Sequence[str], keys: np.ndarray, idf: np.ndarray,
+              column_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(document, column, value): the L2-normalised sublinear tf-idf of ``texts`` over ``keys``
         (sorted; column i is keys[i], weighted by idf[i]), one entry per document and known key, in a
-        few array operations (a handful of numpy calls per document cost more than the arithmetic)."""
-        owner, grams = self.grams(texts)
-        if not len(grams) or not len(keys):
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
-        where = np.minimum(np.searchsorted(keys, grams), len(keys) - 1)
-        known = keys[where] == grams
-        pairs, counts = np.unique(owner[known] * len(keys) + where[known], return_counts=True)
+        few array operations (a handful of numpy calls per document cost more than the arithmetic).
+        ``column_of``: each bucket's column or -1 (``column_map``), a look-up in place of a search."""
+        rows, columns, values, _ = self._tfidf(self.grams(texts), len(texts), keys, idf, column_of)
+        return rows, columns, values
+
+    @staticmethod
+    def _tfidf(grams: tuple[np.ndarray, np.ndarray], n: int, keys: np.ndarray, idf: np.ndarray,
+               column_of: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``tfidf`` of grams already read, and where each entry's key first occurs among them."""
+        owner, found = grams
+        if not len(found) or not len(keys):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0), empty
+        if column_of is not None:
+            where = column_of[found.astype(np.int64)].astype(np.int64)
+        else:  # each distinct key searched once, in order: a quarter of the time of a search per gram
+            distinct, inverse = np.unique(found, return_inverse=True)
+            at = np.minimum(np.searchsorted(keys, distinct), len(keys) - 1)
+            where = np.where(keys[at] == distinct, at, -1)[inverse.reshape(-1)]
+        known = np.flatnonzero(where >= 0)
+        pairs, first, counts = np.unique(owner[known] * len(keys) + where[known], return_index=True,
+                                         return_counts=True)
         rows, columns = pairs // len(keys), pairs % len(keys)
         values = (1.0 + np.log(counts)) * idf[columns]
-        norms = np.sqrt(np.bincount(rows, values * values, minlength=len(texts)))
-        return rows, columns, values / norms[rows]
+        norms = np.sqrt(np.bincount(rows, values * values, minlength=n))
+        return rows, columns, values / norms[rows], known[first]
+
+
+def column_map(keys: np.ndarray, buckets: int) -> np.ndarray:
+    """Each bucket's column among ``keys`` (the kept buckets), -1 for the others: 4 bytes a bucket."""
+    out = np.full(buckets, -1, dtype=np.int32)
+    out[keys.astype(np.int64)] = np.arange(len(keys), dtype=np.int32)
+    return out
+
+
+@dataclass(frozen=True)
+class HeadReading:
+    """What the head read in a call: ``probs`` [documents, labels] and, when kept for explanations, the
+    entries (``rows`` sorted, ``columns``, tf-idf ``values``) with each entry's first 1-gram or 2-gram
+    (``token``: its first word's index in ``tokens``; ``bigram``), so ``NgramHead.evidence_of`` needs
+    no second pass over the text."""
+
+    probs: np.ndarray
+    rows: np.ndarray | None = None
+    columns: np.ndarray | None = None
+    values: np.ndarray | None = None
+    token: np.ndarray | None = None
+    bigram: np.ndarray | None = None
+    tokens: list[str] | None = None
 
 
 class NgramHead:
@@ -141,6 +189,7 @@ class NgramHead:
         self.hasher = NgramHasher(buckets)
         if buckets and len(self.keys) and int(self.keys[-1]) >= buckets:
             raise ValueError(f"the n-gram head's keys do not fit its {buckets} buckets")
+        self.column_of = column_map(self.keys, buckets) if buckets else None
 
     @classmethod
     def from_ngrams(cls, ngrams: dict[str, int], idf: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
@@ -176,37 +225,43 @@ class NgramHead:
         """0: the keys are the n-grams' 64-bit hashes; else the buckets they are hashed into."""
         return self.hasher.buckets
 
-    def features(self, text: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-        """The document's tokens and, for its known n-grams: columns, tf-idf values, and where each
-        first occurs among its 1-grams then 2-grams (an index ``i`` past the tokens is the 2-gram of
-        tokens ``i - len(tokens)`` and the one after it). One document at a time, for ``evidence``."""
-        tokens, grams = self.hasher.tokens(text)
-        where = np.minimum(np.searchsorted(self.keys, grams), max(len(self.keys) - 1, 0))
-        known = np.flatnonzero(self.keys[where] == grams) if len(self.keys) else np.zeros(0, dtype=np.int64)
-        columns, first, counts = np.unique(where[known], return_index=True, return_counts=True)
-        values = (1.0 + np.log(counts)) * self.idf[columns]
-        norm = math.sqrt(float(values @ values))
-        return tokens, columns, values / norm if norm else values, known[first]
-
     def logits(self, texts: Iterable[str], chunk: int = 256) -> np.ndarray:
-        """[documents, labels] logits of the head: what ``features`` gives, ``chunk`` documents at a time."""
-        texts = list(texts)
-        out = np.empty((len(texts), len(self.intercept)))
-        for start in range(0, len(texts), chunk):
-            out[start : start + chunk] = self._chunk_logits(texts[start : start + chunk])
-        return out
+        """[documents, labels] logits of the head, ``chunk`` documents at a time."""
+        return self._logits(list(texts), chunk)[0]
 
-    def _chunk_logits(self, texts: list[str]) -> np.ndarray:
-        n = len(texts)
-        out = np.tile(self.intercept, (n, 1))
-        rows, columns, values = self.hasher.tfidf(texts, self.keys, self.idf)
-        for label in range(out.shape[1]):
-            out[:, label] += np.bincount(rows, self.coef[label, columns] * values, minlength=n)
-        return out
+    def _logits(self, texts: list[str], chunk: int, keep: bool = False) -> tuple[np.ndarray, list[tuple]]:
+        """The logits and, with ``keep``, each chunk's (rows, columns, values, first token, bigram, tokens)."""
+        out = np.empty((len(texts), len(self.intercept)))
+        kept: list[tuple] = []
+        offset = 0  # the chunk's first token's index among every chunk's tokens
+        for start in range(0, len(texts), chunk):
+            part = texts[start : start + chunk]
+            owner, grams, tokens, first_token = self.hasher._grams(part, keep_tokens=keep)
+            rows, columns, values, first = NgramHasher._tfidf((owner, grams), len(part), self.keys, self.idf,
+                                                              self.column_of)
+            block = np.tile(self.intercept, (len(part), 1))
+            for label in range(block.shape[1]):
+                block[:, label] += np.bincount(rows, self.coef[label, columns] * values, minlength=len(part))
+            out[start : start + chunk] = block
+            if keep:
+                kept.append((rows + start, columns, values, first_token[first] + offset, first >= len(tokens), tokens))
+                offset += len(tokens)
+        return out, kept
 
     def probabilities(self, texts: Iterable[str]) -> np.ndarray:
         """[documents, labels] probabilities of the head (a softmax of its logits; multi-label, a sigmoid)."""
-        z = self.logits(texts)
+        return self._squash(self.logits(texts))
+
+    def read(self, texts: Iterable[str], evidence: bool = False, chunk: int = 256) -> HeadReading:
+        """The head's probabilities of ``texts`` and, with ``evidence``, what ``evidence_of`` reads."""
+        z, kept = self._logits(list(texts), chunk, keep=evidence)
+        if not evidence:
+            return HeadReading(self._squash(z))
+        join = lambda k: np.concatenate([part[k] for part in kept]) if kept else np.zeros(0, dtype=np.int64)  # noqa: E731
+        return HeadReading(self._squash(z), join(0), join(1), join(2), join(3), join(4).astype(bool),
+                           [t for part in kept for t in part[5]])
+
+    def _squash(self, z: np.ndarray) -> np.ndarray:
         if self.multi_label:
             return 1.0 / (1.0 + np.exp(-z))
         z = np.exp(z - z.max(1, keepdims=True))
@@ -218,12 +273,19 @@ class NgramHead:
 
     def evidence(self, text: str, label: int, top: int = TOP_NGRAMS) -> list[NgramWeight]:
         """The ``top`` n-grams that moved the head's logit for ``label`` most (by magnitude), heaviest first."""
-        tokens, columns, values, positions = self.features(text)
-        contributions = self.coef[label, columns] * values
-        order = np.argsort(-np.abs(contributions), kind="stable")[:top]
-        n = len(tokens)
-        texts = [tokens[p] if p < n else f"{tokens[p - n]} {tokens[p - n + 1]}" for p in positions[order].tolist()]
-        return [NgramWeight(t, round(float(w), 6)) for t, w in zip(texts, contributions[order].tolist(), strict=True)]
+        return self.evidence_of(self.read([text], evidence=True), 0, label, top)
+
+    def evidence_of(self, reading: HeadReading, document: int, label: int, top: int = TOP_NGRAMS) -> list[NgramWeight]:
+        """``evidence`` of the ``document``-th text of a ``read(..., evidence=True)``."""
+        assert reading.rows is not None and reading.tokens is not None, "read(..., evidence=True) keeps the evidence"
+        a, b = np.searchsorted(reading.rows, [document, document + 1])
+        contributions = self.coef[label, reading.columns[a:b]] * reading.values[a:b]
+        order = np.argsort(-np.abs(contributions), kind="stable")[:top] + a
+        tokens = reading.tokens
+        texts = [f"{tokens[t]} {tokens[t + 1]}" if two else tokens[t]
+                 for t, two in zip(reading.token[order].tolist(), reading.bigram[order].tolist(), strict=True)]
+        weights = contributions[order - a].tolist()
+        return [NgramWeight(t, round(float(w), 6)) for t, w in zip(texts, weights, strict=True)]
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:

@@ -173,7 +173,9 @@ class Pipeline:
                 out[i] = DocumentError(i, EMPTY_REASON)
         head = self.saved.ngrams
         cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
-        head_probs = None if head is None else head.probabilities(texts[i][:cap] for i in kept)  # type: ignore[index]
+        # the head reads each text once: its probabilities and, to explain, its evidence
+        reading = None if head is None else head.read((texts[i][:cap] for i in kept), evidence=method is not None)  # type: ignore[index]
+        head_probs = None if reading is None else reading.probs
         encoded = [self.encode(s) for s in segments]
         if profiles is not None:
             profiles[:] = [(0, 0)] * len(texts)
@@ -197,8 +199,8 @@ class Pipeline:
                     if method is not None:
                         result.method = method
                         self.explain(result, segments[k], sentence_weights[row], word_weights[row], top)  # type: ignore[index]
-                        if head is not None:
-                            result.top_ngrams = head.evidence(texts[kept[k]][:cap], self.labels.index(result.label))  # type: ignore[index]
+                        if reading is not None:
+                            result.top_ngrams = head.evidence_of(reading, k, self.labels.index(result.label))  # type: ignore[union-attr]
                     out[kept[k]] = result
                 if progress is not None:
                     progress("classify", len(chunk))

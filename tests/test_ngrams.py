@@ -4,6 +4,7 @@ arrays, saved with the model, averaged with the HAN by the one inference path, a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,17 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
         for label in range(len(labels)):
             terms = sum(n.weight for n in head.evidence(text, label, top=10**9))
             assert terms + head.intercept[label] == pytest.approx(row[label], abs=1e-4)
+    # read in chunks for a whole call, the evidence is each document's own, and its n-grams are the text's
+    reading = head.read(scored, evidence=True, chunk=7)
+    np.testing.assert_allclose(reading.probs, full, atol=1e-9)
+    for k, text in enumerate(scored):
+        words = re.findall(r"(?u)\b\w\w+\b", text.lower())
+        grams = set(words) | {f"{a} {b}" for a, b in zip(words, words[1:], strict=False)}
+        for label in range(len(labels)):
+            evidence = head.evidence_of(reading, k, label)
+            assert evidence == head.evidence(text, label)
+            assert len(evidence) == min(5, len({n.text for n in head.evidence(text, label, top=10**9)}))
+            assert all(n.text in grams for n in evidence)
 
 
 @pytest.mark.parametrize("buckets", [0, 2**16])

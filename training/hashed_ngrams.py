@@ -20,7 +20,7 @@ import numpy as np
 from scipy import sparse
 from sklearn.linear_model import SGDClassifier
 
-from han.ngrams import NgramHasher
+from han.ngrams import NgramHasher, column_map
 
 BUCKETS = 2**20  # scikit-learn's HashingVectorizer's default
 CHUNK = 2_000  # documents read at a time
@@ -36,6 +36,7 @@ class HashedTfidf:
         self.hasher = NgramHasher(buckets)
         self.columns_ = np.zeros(0, dtype=np.uint64)
         self.idf_ = np.zeros(0)
+        self._column_of = column_map(self.columns_, 0)
 
     def fit(self, texts: Sequence[str]) -> HashedTfidf:
         df = np.zeros(self.buckets, dtype=np.int64)
@@ -45,11 +46,12 @@ class HashedTfidf:
             df += np.bincount((pairs % np.uint64(self.buckets)).astype(np.int64), minlength=self.buckets)
         self.columns_ = np.flatnonzero(df >= self.min_df).astype(np.uint64)
         self.idf_ = np.log((1 + len(texts)) / (1 + df[self.columns_.astype(np.int64)])) + 1.0
+        self._column_of = column_map(self.columns_, self.buckets)
         self.hasher.release_cache()
         return self
 
     def transform(self, texts: Sequence[str]) -> sparse.csr_matrix:
-        rows, columns, values = self.hasher.tfidf(texts, self.columns_, self.idf_)
+        rows, columns, values = self.hasher.tfidf(texts, self.columns_, self.idf_, self._column_of)
         return sparse.csr_matrix((values, (rows, columns)), shape=(len(texts), len(self.columns_)))
 
     def fit_transform(self, texts: Sequence[str]) -> sparse.csr_matrix:
