@@ -27,6 +27,7 @@ from labeling.strategies import DEFAULT_STRATEGY, STRATEGIES
 OUTPUTS = (".json", ".jsonl")
 IMPORT_OUTPUTS = (".jsonl", ".csv", ".parquet")
 TOP_SENTENCES = 3
+HOLDOUT = 0.1  # han-label next's share drawn at random for validation (the benchmark's STRATEGY-dev)
 
 
 class LabelError(Exception):
@@ -52,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="files of documents already labelled (han-label import's), left out by id and by text")
     nxt.add_argument("--text-column", default="text")
     nxt.add_argument("--id-column", help="the documents' id column (default: a column named id, else row-N)")
-    nxt.add_argument("--seed", type=int, default=0, help="for the random and diverse strategies")
+    nxt.add_argument("--holdout", type=_fraction, default=HOLDOUT,
+                     help=f"the share of the N drawn at random and marked split=validation, which han-train fit "
+                          f"validates on (default {HOLDOUT}; 0: none): the chosen documents are the model's "
+                          f"hardest, and a fit that validates on them stops early and weighs its n-gram head on "
+                          f"noise (docs/labeling.md)")
+    nxt.add_argument("--seed", type=int, default=0, help="for the random and diverse strategies and the holdout")
     nxt.add_argument("--since", help="log:NAME only: records since this long ago (24h, 7d) or an ISO time")
     nxt.add_argument("--store", help="log:NAME only: the feedback store's URL (default: $HAN_FEEDBACK_STORE, "
                                       "else the one beside the production pointer)")
@@ -64,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("out", metavar="OUT", help="a .jsonl, .csv or .parquet file of id, text and label (or labels)")
     imp.add_argument("--model", help="the model whose labels the export must use (default: as han-label next)")
     return parser
+
+
+def _fraction(value: str) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share < 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 up to 1, not {value!r}")
+    return share
 
 
 def _positive(value: str) -> int:
@@ -187,11 +203,16 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
         raise LabelError(f"{pool.name}: {len(good):,} documents that can be classified, fewer than --n {args.n:,}")
     multi = saved.model.config.multi_label
     ready.join()
-    picked = choose(args.strategy, args.n, probs[good].astype(np.float64), vectors[good].astype(np.float32),
+    held = round(args.n * args.holdout)
+    picked = choose(args.strategy, args.n - held, probs[good].astype(np.float64), vectors[good].astype(np.float32),
                     seed=args.seed, multi_label=multi, threshold=saved.threshold)
+    if held:  # drawn at random from the rest: a validation split as the pool is, not as the strategy chose
+        rest = np.setdiff1d(np.arange(len(good)), picked)
+        picked = np.concatenate([picked, np.sort(np.random.default_rng(args.seed).choice(rest, held, replace=False))])
     chosen_rows = rows[good[picked]]
     results = pools.explain(pool, model_dir, chosen_rows, TOP_SENTENCES)
-    records = _records(results, pool, chosen_rows, probs[good[picked]], saved, tag, args.strategy)
+    records = _records(results, pool, chosen_rows, probs[good[picked]], saved, tag, args.strategy,
+                       validation=set(range(args.n - held, args.n)))
     _write_next(out, records, saved.labels, multi)
     print(f"han-label: {len(records):,} of {len(rows):,} unlabelled documents chosen ({args.strategy}) -> {out}"
           + (f" and {_config_path(out)}" if out.suffix.lower() == ".json" else ""), file=sys.stderr)
@@ -268,9 +289,10 @@ class _Prepared(threading.Thread):
         import small_text.query_strategies  # noqa: F401
 
 
-def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, tag: str, strategy: str
-             ) -> list[dict[str, Any]]:
-    """The chosen documents with the model's label(s), scores and top sentences, the least certain first."""
+def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, tag: str, strategy: str,
+             validation: set[int]) -> list[dict[str, Any]]:
+    """The chosen documents with the model's label(s), scores and top sentences, the least certain first;
+    those at ``validation`` (positions in ``rows``) marked ``split: validation``."""
     from labeling.strategies import margins
 
     chosen = pool.table.select(rows.tolist())
@@ -278,7 +300,8 @@ def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, t
     order = sorted(range(len(results)), key=lambda k: (float(certainty[k]), k))
     return [{"id": chosen[k]["id"], "text": chosen[k]["text"], "label": results[k].label, "labels": results[k].labels,
              "scores": results[k].scores, "margin": round(float(certainty[k]), 6), "model_version": tag,
-             "strategy": strategy,
+             "strategy": "random" if k in validation else strategy,
+             **({"split": "validation"} if k in validation else {}),
              "top_sentences": [{"text": s.text, "start": s.start, "end": s.end, "weight": s.weight}
                                for s in results[k].top_sentences or []]} for k in order]
 
@@ -295,7 +318,7 @@ def _write_next(out: Path, records: list[dict[str, Any]], labels: list[str], mul
         return
     tasks = [task(r["id"], r["text"], r["labels"] if multi else [r["label"]], max(r["scores"].values()),
                   r["model_version"], [(s["start"], s["end"], s["text"]) for s in r["top_sentences"]],
-                  {"margin": r["margin"]}) for r in records]
+                  {"margin": r["margin"], **({"split": r["split"]} if "split" in r else {})}) for r in records]
     config = label_config(labels, multi)
     _atomic(_config_path(out), lambda f: f.write(config))
     _atomic(out, lambda f: json.dump(tasks, f, ensure_ascii=False, indent=1))
@@ -340,6 +363,8 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def _write_rows(out: Path, rows: list[dict[str, Any]], multi: bool) -> None:
+    if any("split" in r for r in rows):  # every row gets the column (Parquet's schema is the first row's)
+        rows = [{**r, "split": r.get("split")} for r in rows]
     suffix = out.suffix.lower()
     if suffix == ".jsonl":
         _atomic(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -349,7 +374,8 @@ def _write_rows(out: Path, rows: list[dict[str, Any]], multi: bool) -> None:
         import csv
 
         def write(f: IO[str]) -> None:
-            w = csv.DictWriter(f, fieldnames=["id", "text", "label"])
+            split = ["split"] if rows and "split" in rows[0] else []
+            w = csv.DictWriter(f, fieldnames=["id", "text", "label", *split])
             w.writeheader()
             w.writerows(rows)
 

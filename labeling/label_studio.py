@@ -25,6 +25,7 @@ CHOICES = "label"  # the Choices tag's name: the document's label
 EVIDENCE = "evidence"  # the Labels tag's name: the highlighted sentences
 TEXT = "text"
 DOC_ID = "doc_id"
+SPLIT = "split"  # a task marked validation by han-label next (its random holdout)
 
 
 class ExportError(ValueError):
@@ -193,4 +194,6 @@ def _add(out: Labelled, where: str, data: dict[str, Any], answers: set[tuple[str
         return
     row: dict[str, Any] = {"id": str(data.get(DOC_ID) or ""), "text": data[TEXT]}
     row["labels" if multi_label else "label"] = chosen if multi_label else chosen[0]
+    if data.get(SPLIT) == "validation":  # han-label next's random holdout: han-train fit validates on it
+        row[SPLIT] = "validation"
     out.rows.append(row)

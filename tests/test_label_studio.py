@@ -70,6 +70,8 @@ def test_han_label_tasks_round_trip_through_label_studio_and_train(
     assert len(tasks) == N and len({t["data"][DOC_ID] for t in tasks}) == N
     made = {t["data"][DOC_ID]: t for t in tasks}
     assert all(texts[doc] == t["data"]["text"] for doc, t in made.items())
+    marked = {doc for doc, t in made.items() if t["data"].get("split") == "validation"}  # --holdout's tenth
+    assert len(marked) == 1
 
     # Label Studio takes the config and the tasks; it validates every prediction against the config
     # (the server runs with prediction validation raising, so a malformed pre-annotation fails here).
@@ -141,6 +143,7 @@ def test_han_label_tasks_round_trip_through_label_studio_and_train(
         got = rows(out)
         assert {r["id"]: r["label"] for r in got} == expected_labels, kind
         assert all(r["text"] == texts[r["id"]] for r in got), kind
+        assert {r["id"] for r in got if r.get("split") == "validation"} == marked - {skipped}, kind
         about_skipped = [line for line in imported.stderr.splitlines() if skipped in line]
         assert len(about_skipped) == (1 if kind == "JSON" else 0), f"{kind}: {imported.stderr}"
 

@@ -73,7 +73,8 @@ def test_next_writes_label_studio_tasks_with_the_models_label_and_top_sentences(
     pool: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "queue.json"
-    done = han_label("next", str(pool), "--n", "6", "--out", str(out), "--model", str(tiny_model_dir))
+    done = han_label("next", str(pool), "--n", "6", "--out", str(out), "--model", str(tiny_model_dir),
+                     "--holdout", "0")
     assert done.returncode == 0, done.stderr
     tasks = json.loads(out.read_text())
     config = (tmp_path / "queue.label-config.xml").read_text()
@@ -119,6 +120,45 @@ def test_next_leaves_out_what_is_labelled_and_writes_json_lines(pool: Path, tiny
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         f"han-label: error: {pool}: 8 unlabelled documents, fewer than --n 9")
+
+
+def test_next_holds_out_a_random_share_that_import_keeps_and_the_fit_validates_on(
+        pool: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from han import Pipeline
+    from training.data import HANDataModule
+
+    queue = tmp_path / "queue.json"
+    done = han_label("next", str(pool), "--n", "12", "--holdout", "0.25", "--out", str(queue), "--model",
+                     str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    tasks = json.loads(queue.read_text())
+    held = {t["data"]["doc_id"] for t in tasks if t["data"].get("split") == "validation"}
+    chosen = {t["data"]["doc_id"] for t in tasks} - held
+    assert len(tasks) == 12 and len(held) == 3
+    # nine by the strategy (the least certain), three drawn at random from the rest
+    rows = read_jsonl("reviews.jsonl")[4:]
+    scored = Pipeline.from_directory(tiny_model_dir)([r["text"] for r in rows])
+    by_margin = sorted(range(len(rows)), key=lambda k: abs(scored[k].scores["pos"] - scored[k].scores["neg"]))
+    assert chosen == {rows[k]["id"] for k in by_margin[:9]}
+    # annotated and exported, the mark survives the import, in JSON Lines and in CSV
+    truth = {r["id"]: r["label"] for r in rows}
+    for t in tasks:
+        t["annotations"] = [{"result": _choice(truth[t["data"]["doc_id"]])}]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(tasks))
+    labelled, table = tmp_path / "labelled.jsonl", tmp_path / "labelled.csv"
+    for out in (labelled, table):
+        assert han_label("import", str(export), str(out), "--model", str(tiny_model_dir)).returncode == 0
+    got = [json.loads(line) for line in labelled.read_text().splitlines()]
+    assert {r["id"] for r in got if r["split"] == "validation"} == held
+    with table.open(newline="") as f:
+        assert {r["id"] for r in csv.DictReader(f) if r["split"] == "validation"} == held
+    # han-train fit's data: the marked rows are the validation split, the others train
+    data = HANDataModule(train=str(labelled), cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    texts = {r["id"]: r["text"] for r in got}
+    assert sorted(data.texts("validation")) == sorted(texts[i] for i in held)
+    assert sorted(data.texts("train")) == sorted(texts[i] for i in chosen)
 
 
 @pytest.mark.parametrize(("content", "message"), [

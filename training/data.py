@@ -22,6 +22,7 @@ from training.self_training import soft_targets
 from training.sources import DataError, load_source
 from training.splits import stable_holdout
 
+SPLIT_COLUMN = "split"  # a training file's rows marked validation here are the validation split
 TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
 
 
@@ -51,7 +52,8 @@ class HANDataModule(pl.LightningDataModule):
         multi_label: each document has any number of labels (``han-train`` sets it from the data when
             unset: a label column of lists; built directly, unset is single-label).
         labels: the label names in a fixed order; by default the sorted labels seen in train.
-        val_fraction: the share of train held out for validation when ``validation`` is not given.
+        val_fraction: the share of train held out for validation when ``validation`` is not given (rows
+            of train whose ``split`` column is ``validation``, as han-label marks them, are held out instead).
         seed: seed for the validation split and batch order.
         batch_size: documents per training batch (by default from the data's size: training.recipe; 64
             when the module is built directly).
@@ -318,9 +320,30 @@ class HANDataModule(pl.LightningDataModule):
         return sorted(seen, key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x))
 
     def _carve_validation(self, train: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
+        marked = self._marked_validation()
+        if marked:  # the rows the file marks (han-label next's random holdout), if they leave rows to train on
+            texts = train["text"]
+            val = [i for i, text in enumerate(texts) if text in marked]
+            if 0 < len(val) < len(texts):
+                held = set(val)
+                return train.select([i for i in range(len(texts)) if i not in held]), train.select(val)
         classes = None if self.multi_label else [t[0] for t in train["target"]]
         fit, val = stable_holdout(train["text"], classes, self.hparams.val_fraction, self.hparams.seed)
         return train.select(fit), train.select(val)
+
+    def _marked_validation(self) -> set[str]:
+        """The texts of the training file's rows whose ``split`` column says ``validation``: a labelled set
+        chosen by uncertainty holds the model's hardest documents, and han-label next marks a random share
+        of each round to validate on instead (docs/labeling.md)."""
+        hp = self.hparams
+        raw = load_source(hp.train)
+        if SPLIT_COLUMN not in raw.column_names:
+            return set()
+        if hp.max_train_docs is not None:
+            raw = raw.select(range(min(hp.max_train_docs, len(raw))))
+        rows = raw.select_columns([hp.text_column, SPLIT_COLUMN])
+        return {text for text, split in zip(rows[hp.text_column], rows[SPLIT_COLUMN], strict=True)
+                if split == "validation" and isinstance(text, str)}
 
     @staticmethod
     def _iter_keys(ds: datasets.Dataset) -> Iterator[list[list[str]]]:
