@@ -1,0 +1,86 @@
+"""What a serving worker holds, step by step: each import, the model, and the caches a stream of requests fills.
+
+    python benchmarks/worker_footprint.py han-imdb:latest --requests 1000
+
+One process does what a worker does, in its order (torch, spaCy, BentoML, the service's modules, the
+model through the one inference path, the worker's process settings), then classifies IMDB test reviews
+one at a time with explanations, and prints its RSS and anonymous memory (``/proc/self/smaps_rollup``)
+after each step. A served worker adds BentoML's runtime (its server, middleware and metrics) on top;
+``benchmarks/worker_memory.py`` measures that whole worker under load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
+
+
+def reading(step: str) -> None:
+    fields = {}
+    with open(f"/proc/{os.getpid()}/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = int(value.split()[0]) if value.split() else 0
+    rss, anon = fields["Rss"] >> 10, fields["Anonymous"] >> 10
+    print(f"{step:40s} RSS {rss:5,d} MB   anonymous {anon:5,d} MB   files {rss - anon:5,d} MB", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="BentoML tag or model directory")
+    parser.add_argument("--requests", type=int, default=1000, help="one-review requests after the load")
+    args = parser.parse_args()
+    texts = _texts(args.requests)  # read first, in a child process: pyarrow stays out of this one
+    reading("start")
+    import torch  # noqa: F401
+
+    reading("import torch")
+    import spacy  # noqa: F401
+
+    reading("import spacy")
+    import bentoml  # noqa: F401
+
+    reading("import bentoml")
+    import service.service  # noqa: F401
+
+    reading("import service.service")
+    from han.environment import freeze_loaded_objects, release_free_memory, tune_process
+    from han.pipeline import Pipeline
+    from model_store import open_model
+
+    tune_process(1)
+    pipeline = Pipeline(open_model(args.model)[1])
+    freeze_loaded_objects()
+    release_free_memory()
+    reading("the model loaded")
+    head = pipeline.saved.ngrams
+    weights = sum(t.numel() * t.element_size() for t in pipeline.model.parameters())
+    print(f"  weights {weights / 1e6:.1f} MB, n-gram head {head.nbytes / 1e6 if head else 0:.1f} MB, "
+          f"vocabulary {len(pipeline.saved.vocab.stoi):,} words")
+    for text in texts:
+        pipeline([text], explain=True)
+    release_free_memory()
+    reading(f"{len(texts):,} requests, trimmed")
+    pipeline.release_caches()
+    release_free_memory()
+    reading("its caches released, trimmed")
+
+
+def _texts(n: int) -> list[str]:
+    import json
+    import subprocess
+
+    code = ("import json, sys, pyarrow.parquet as pq; "
+            f"print(json.dumps(pq.read_table(sys.argv[1], columns=['text']).column('text').to_pylist()[:{n}]))")
+    return json.loads(subprocess.run([sys.executable, "-c", code, str(DATA)], capture_output=True, text=True,
+                                     check=True).stdout)
+
+
+if __name__ == "__main__":
+    main()
