@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
     np.testing.assert_allclose(reading.probs, full, atol=1e-9)
     for k, text in enumerate(scored):
         words = re.findall(r"(?u)\b\w\w+\b", text.lower())
-        grams = set(words) | {f"{a} {b}" for a, b in zip(words, words[1:], strict=False)}
+        grams = set(words) | {f"{a} {b}" for a, b in pairwise(words)}
         for label in range(len(labels)):
             evidence = head.evidence_of(reading, k, label)
             assert evidence == head.evidence(text, label)
