@@ -11,7 +11,12 @@ At a few thousand labels the n-gram head carries most of the exported model (HAN
 if no strategy reaches random's 2,000-label accuracy with far fewer labels here, the queue's ceiling is
 the corpus's, not the HAN's. Strategies: ``margin`` (the smallest top-two margin, as ``uncertainty``),
 ``mix`` (half by margin, half at random), ``diverse`` (k-means over the 10 x N least certain documents'
-100-d SVD vectors, the nearest to each centre, as ``diverse``), ``random``.
+100-d SVD vectors, the nearest to each centre, as ``diverse``), ``random``; and, to see whether any
+other family does better: ``entropy``, ``least`` (least confidence), ``balanced`` (round-robin over the
+predicted labels, each one's smallest margins first), ``density`` (information density: 1 - margin
+times the cosine to the pool's mean; Settles & Craven 2008) and ``badge`` (k-means++ seeding over the
+gradient embeddings, in SVD space; Ash et al. 2020). ``--split validation`` reads each round on the
+pool's held-out validation documents (choose there), ``test`` (the default) on the test sample.
 """
 
 from __future__ import annotations
@@ -45,6 +50,33 @@ def choose(strategy: str, probs: np.ndarray | None, rest: np.ndarray, embedded: 
     ranked = rest[np.argsort(margins(probs))]
     if strategy == "margin":
         return ranked[:n]
+    if strategy == "entropy":
+        return rest[np.argsort((probs * np.log(probs + 1e-12)).sum(1))[:n]]
+    if strategy == "least":
+        return rest[np.argsort(probs.max(1))[:n]]
+    if strategy == "balanced":  # round-robin over predicted labels, each label's least certain first
+        order = np.argsort(margins(probs), kind="stable")
+        predicted = probs.argmax(1)[order]
+        rank_in_label = np.zeros(len(order), dtype=int)
+        for label in np.unique(predicted):
+            at = np.flatnonzero(predicted == label)
+            rank_in_label[at] = np.arange(len(at))
+        return rest[order[np.lexsort((np.arange(len(order)), rank_in_label))[:n]]]
+    if strategy == "density":  # information density (Settles & Craven 2008): margin x typicality
+        e = embedded[rest]
+        typical = e @ e.mean(0)
+        return rest[np.argsort((1 - margins(probs)) * np.clip(typical, 1e-6, None))[::-1][:n]]
+    if strategy == "badge":  # Ash et al. 2020: k-means++ seeding over gradient embeddings
+        onehot = np.eye(probs.shape[1])[probs.argmax(1)]
+        g = ((probs - onehot)[:, :, None] * embedded[rest][:, None, :]).reshape(len(rest), -1)
+        norms = (g * g).sum(1)
+        chosen = [int(np.argmax(norms))]
+        d2 = ((g - g[chosen[0]]) ** 2).sum(1)
+        for _ in range(n - 1):
+            k = int(rng.choice(len(rest), p=d2 / d2.sum()))
+            chosen.append(k)
+            d2 = np.minimum(d2, ((g - g[k]) ** 2).sum(1))
+        return rest[np.array(chosen)]
     if strategy == "mix":
         half = ranked[: n // 2]
         return np.concatenate([half, rng.choice(np.setdiff1d(rest, half), n - n // 2, replace=False)])
@@ -66,13 +98,17 @@ def main() -> None:
     parser.add_argument("corpus", choices=["imdb", "20newsgroups"])
     parser.add_argument("--strategies", nargs="+", default=["random", "margin", "mix", "diverse"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--split", choices=["validation", "test"], default="test",
+                        help="what reads each round's model (choose a strategy on validation)")
     args = parser.parse_args()
-    pool_texts, pool_labels, _, _, test_texts, test_labels = load(args.corpus, 5_000)
+    pool_texts, pool_labels, val_texts, val_labels, test_texts, test_labels = load(args.corpus, 5_000)
+    if args.split == "validation":
+        test_texts, test_labels = val_texts, val_labels
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, max_features=300_000)
     x, y = vectorizer.fit_transform(pool_texts), np.array(pool_labels)
     x_test, y_test = vectorizer.transform(test_texts), np.array(test_labels)
     embedded = x
-    if "diverse" in args.strategies:  # unit length: k-means then clusters by cosine
+    if set(args.strategies) & {"diverse", "badge", "density"}:  # unit length: k-means then clusters by cosine
         embedded = TruncatedSVD(100, random_state=0).fit_transform(x)
         embedded /= np.linalg.norm(embedded, axis=1, keepdims=True) + 1e-9
     curves = {}
