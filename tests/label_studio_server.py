@@ -50,6 +50,7 @@ import pytest
 import requests
 
 from service.process import free_port, stop_process_group
+from tests.server_lifetime import ready_or_stopped
 
 VERSION = "1.23.2"
 USERNAME = "han-tests@example.com"
@@ -165,12 +166,7 @@ class LabelStudioServer:
                 cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         server = cls(process, folder, port)
         server.session.headers["Authorization"] = f"Token {TOKEN}"
-        try:
-            server._wait_ready(timeout)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        return ready_or_stopped(server, lambda: server._wait_ready(timeout))
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from service.process import free_port
+from tests.server_lifetime import ready_or_stopped, shared
 
 USER = "postgres"  # the database superuser initdb creates; also the system user the server runs as under root
 
@@ -44,12 +46,6 @@ def require_postgres() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return found
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -78,7 +74,7 @@ class PostgresServer:
         data = folder / "data"
         subprocess.run([bin_dir / "initdb", "-D", data, "-U", USER, "-A", "trust", "-E", "UTF8", "--no-locale",
                         "--no-sync"], cwd=folder, check=True, capture_output=True, timeout=120, **as_user)
-        port = _free_port()
+        port = free_port()
         log = open(folder / "server.log", "wb")  # noqa: SIM115  (the server writes it until stopped)
         # The server is a test fixture: fsync and friends off, for speed; nothing must survive a crash.
         process = subprocess.Popen(
@@ -87,12 +83,7 @@ class PostgresServer:
             cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **as_user)
         log.close()
         server = cls(process, folder, port)
-        try:
-            server._wait_ready(timeout)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        return ready_or_stopped(server, lambda: server._wait_ready(timeout))
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
@@ -134,21 +125,7 @@ class PostgresServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_server: PostgresServer | None = None
-
-
 def shared_postgres(config: pytest.Config) -> PostgresServer:
     """The session's one server (started on first use, stopped when the session ends); skips the test
     without PostgreSQL, except under CI=true."""
-    global _server
-    if _server is None or _server.process.poll() is not None:
-        _server = PostgresServer.start()
-        config.add_cleanup(_stop_shared)
-    return _server
-
-
-def _stop_shared() -> None:
-    global _server
-    if _server is not None:
-        _server.stop()
-        _server = None
+    return shared(config, "postgres", PostgresServer.start)

@@ -23,6 +23,7 @@ import pytest
 
 from han.environment import apply_defaults
 from service.process import free_port, start_server, stop_process_group, wait_ready
+from tests.server_lifetime import ready_or_stopped, shared
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_MODEL_NAME = "han-test"
@@ -78,12 +79,7 @@ class ServiceServer:
         with open(log_path, "wb") as log:
             process = start_server(f"{TEST_MODEL_NAME}:latest", port, env=server_env, log=log)
         server = cls(f"http://127.0.0.1:{port}", process, home, log_path, tag)
-        try:
-            server.wait_ready(timeout)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        return ready_or_stopped(server, lambda: server.wait_ready(timeout))
 
     def wait_ready(self, timeout: float) -> None:
         if wait_ready(self.url, self.process, timeout):
@@ -145,20 +141,6 @@ def tiny_model_dir_quickly(request: pytest.FixtureRequest) -> Path:
         torch.set_num_threads(threads)
 
 
-_server: ServiceServer | None = None
-
-
 def shared_server(config: pytest.Config, model_dir: Path) -> ServiceServer:
     """The session's one server (started on first use, stopped when the session ends)."""
-    global _server
-    if _server is None or _server.process.poll() is not None:
-        _server = ServiceServer.start(model_dir)
-        config.add_cleanup(_stop_shared)
-    return _server
-
-
-def _stop_shared() -> None:
-    global _server
-    if _server is not None:
-        _server.stop()
-        _server = None
+    return shared(config, "service", lambda: ServiceServer.start(model_dir))

@@ -23,7 +23,8 @@ from monitoring.feedback_store import (
     open_store,
     redact,
 )
-from tests.postgres_server import _free_port, shared_postgres
+from service.process import free_port
+from tests.postgres_server import shared_postgres
 
 MODEL = "han-test:abc123"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -203,8 +204,8 @@ def test_unopenable_stores_say_why_in_one_line(tmp_path: Path) -> None:
     not_a_database.write_text("not SQLite" * 500)
     cases = {
         f"mysql://user:{encoded}@db.example:3306/feedback": "unsupported URL",
-        f"postgresql://user:{encoded}@127.0.0.1:{_free_port()}/feedback": "127.0.0.1",  # nothing listens there
-        f"postgresql://user:{encoded}@127.0.0.1:{_free_port()}/feedback?password={encoded}": "cannot open",
+        f"postgresql://user:{encoded}@127.0.0.1:{free_port()}/feedback": "127.0.0.1",  # nothing listens there
+        f"postgresql://user:{encoded}@127.0.0.1:{free_port()}/feedback?password={encoded}": "cannot open",
         str(not_a_folder / "feedback.db"): "not a folder",
         str(tmp_path): "unable to open",  # a folder, not a file
         f"sqlite://{not_a_database}": "not a database",
