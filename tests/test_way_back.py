@@ -209,9 +209,7 @@ def test_feedback_is_kept_across_a_restart_and_refused_for_unknown_ids(loop: dic
 
 
 def test_a_worker_serves_while_its_feedback_store_is_unreachable(loop: dict) -> None:
-    from tests.postgres_server import _free_port
-
-    down = f"postgresql://han:secret@127.0.0.1:{_free_port()}/feedback"  # nothing listens there
+    down = f"postgresql://han:secret@127.0.0.1:{free_port()}/feedback"  # nothing listens there
     server = Server(loop["home"], loop["tmp"], env={"HAN_FEEDBACK_STORE": down})
     try:
         status, body = post(server.url, "/classify", {"documents": [{"id": "u1", "text": "A fine film."}]})
