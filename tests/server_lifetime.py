@@ -1,11 +1,13 @@
-"""What every test server (the service, PostgreSQL, Label Studio) does the same way: a started server is
-stopped if it never gets ready, and one server of a kind is shared by a whole pytest session."""
+"""What the test servers do the same way: a started server (the service, PostgreSQL, Label Studio) is
+stopped if it never gets ready, and one service and one PostgreSQL serve a whole pytest session."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
 from typing import Protocol, TypeVar
+
+import pytest
 
 
 class Server(Protocol):
@@ -29,13 +31,13 @@ def ready_or_stopped(server: S, wait: Callable[[], None]) -> S:
     return server
 
 
-def shared(config: object, kind: str, start: Callable[[], S]) -> S:
+def shared(config: pytest.Config, kind: str, start: Callable[[], S]) -> S:
     """The session's one server of ``kind``: started on first use (again if it died), stopped when the
-    session ends (``config``: pytest's ``Config``)."""
+    session ends."""
     server = _shared.get(kind)
     if server is None or server.process.poll() is not None:
         server = _shared[kind] = start()
-        config.add_cleanup(lambda: _stop(kind))  # type: ignore[attr-defined]
+        config.add_cleanup(lambda: _stop(kind))
     return server  # type: ignore[return-value]
 
 
