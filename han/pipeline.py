@@ -32,6 +32,7 @@ Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
 Progress = Callable[[str, int], object]
 EMPTY_REASON = "the document has no words (only whitespace or markup)"
 WORD_ID_CACHE = 25_000  # word ids kept by word hash (see Pipeline.encode)
+WINDOW = 8_192  # documents segmented and classified at a time (Pipeline._run)
 
 
 def _told(segments: Iterable[Segment], progress: Progress, every: int = 256) -> Iterator[Segment]:
@@ -147,7 +148,35 @@ class Pipeline:
         profiles: list[tuple[int, int]] | None = None,
         vectors: np.ndarray | None = None,
     ) -> list[DocumentResult | DocumentError]:
-        """``__call__``; ``method`` None: no explanation."""
+        """``__call__``; ``method`` None: no explanation. A window of ``WINDOW`` documents at a time, so
+        that evaluating a large split holds one window's segments, not the split's."""
+        out: list[DocumentResult | DocumentError] = []
+        if profiles is not None:
+            profiles[:] = [(0, 0)] * len(texts)
+        for start in range(0, len(texts), WINDOW):
+            end = min(start + WINDOW, len(texts))
+            window_profiles: list[tuple[int, int]] | None = None if profiles is None else []
+            out += self._window(texts[start:end], start, method, top, errors,
+                                None if logits is None else logits[start:end], progress, window_profiles,
+                                None if vectors is None else vectors[start:end])
+            if profiles is not None and window_profiles is not None:
+                profiles[start:end] = window_profiles
+        return out
+
+    def _window(
+        self,
+        texts: Sequence[object],
+        offset: int,
+        method: str | None,
+        top: TopK | None,
+        errors: Errors,
+        logits: np.ndarray | None,
+        progress: Progress | None,
+        profiles: list[tuple[int, int]] | None,
+        vectors: np.ndarray | None,
+    ) -> list[DocumentResult | DocumentError]:
+        """``_run`` over one window of documents, the first of which is the input's ``offset``-th (the
+        index its errors name); ``logits`` and ``vectors`` are the window's rows."""
         out: list[DocumentResult | DocumentError | None] = [None] * len(texts)
         valid = []
         for i, text in enumerate(texts):
@@ -155,9 +184,9 @@ class Pipeline:
             if problem is None:
                 valid.append(i)
             elif errors == "raise":
-                raise InvalidDocumentError(i, problem)
+                raise InvalidDocumentError(offset + i, problem)
             else:
-                out[i] = DocumentError(i, problem)
+                out[i] = DocumentError(offset + i, problem)
         kept, segments = [], []
         documents: list[str] = [texts[i] for i in valid]  # type: ignore[misc]
         segmented = (
@@ -168,9 +197,9 @@ class Pipeline:
                 kept.append(i)
                 segments.append(segment)
             elif errors == "raise":
-                raise InvalidDocumentError(i, EMPTY_REASON)
+                raise InvalidDocumentError(offset + i, EMPTY_REASON)
             else:
-                out[i] = DocumentError(i, EMPTY_REASON)
+                out[i] = DocumentError(offset + i, EMPTY_REASON)
         head = self.saved.ngrams
         cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
         # the head reads each text once: its probabilities and, to explain, its evidence

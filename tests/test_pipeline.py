@@ -137,3 +137,41 @@ def test_released_caches_are_emptied_and_rebuilt_with_the_same_results(tiny_mode
     assert pipeline.segmenter is not old_segmenter
     assert len(pipeline.segmenter.nlp.vocab.strings) == at_start
     assert [asdict(r) for r in pipeline(texts, explain=True)] == before
+
+
+def test_a_long_input_is_read_a_window_at_a_time_with_the_same_results(pipeline: Pipeline, monkeypatch) -> None:
+    """Evaluating a large split segments and classifies a window of documents at a time (its memory is a
+    window's, not the split's): results, logits, vectors, profiles and error positions are those of one
+    window over the whole input."""
+    import numpy as np
+
+    from han import pipeline as module
+
+    texts = [("Superb acting. " * (n % 4 + 1)) if n % 3 else "Awful. Boring. " * (n % 2 + 1) for n in range(23)]
+    texts[9], texts[17] = "", "<br />"
+    whole = pipeline(texts, errors="return", explain=True, profiles=(whole_profiles := []))
+    _, whole_vectors = pipeline.with_vectors(texts)
+    good = [t for t in texts if t.strip() and t != "<br />"]
+    _, whole_logits = pipeline.with_logits(good)
+    monkeypatch.setattr(module, "WINDOW", 5)
+    segmented: list[int] = []
+    segment = pipeline.segment
+    monkeypatch.setattr(pipeline, "segment", lambda batch: segmented.append(len(batch)) or segment(batch))
+    windowed = pipeline(texts, errors="return", explain=True, profiles=(windowed_profiles := []))
+    assert segmented == [5, 4, 5, 5, 3], "a window at a time (the empty document 9 left out before segmenting)"
+    assert [(e.index, e.reason) for e in windowed if isinstance(e, DocumentError)] == [
+        (9, "the document is empty or whitespace only"), (17, "the document has no words (only whitespace or markup)")]
+    for a, b in zip(windowed, whole, strict=True):  # batched with other documents: equal up to float sums
+        if isinstance(b, DocumentError):
+            assert a == b
+            continue
+        assert a.label == b.label and [s.text for s in a.sentences] == [s.text for s in b.sentences]
+        assert np.allclose([a.scores[k] for k in b.scores], list(b.scores.values()), atol=1e-5)
+        assert np.allclose([s.weight for s in a.sentences], [s.weight for s in b.sentences], atol=1e-5)
+    assert windowed_profiles == whole_profiles and len(windowed_profiles) == 23
+    _, vectors = pipeline.with_vectors(texts)
+    _, logits = pipeline.with_logits(good)
+    assert np.allclose(vectors, whole_vectors, atol=1e-6) and not vectors[9].any()
+    assert np.allclose(logits, whole_logits, atol=1e-6)
+    with pytest.raises(InvalidDocumentError, match="document 7: the document has no words"):
+        pipeline(texts[10:])  # the bad document 7 of this input, found in its second window

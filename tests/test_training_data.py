@@ -25,6 +25,51 @@ def test_batches_cover_every_document_once_and_group_similar_lengths() -> None:
     assert list(sampler) != batches, "a new epoch brings a new order"
 
 
+def test_batches_are_the_list_sorts_batches_in_the_same_order() -> None:
+    """The pools are sorted with numpy (a million documents' indices in arrays, not lists): the batches
+    are those a stable sort of each pool by length gives, so a seed's epochs stay what they were."""
+    import numpy as np
+
+    sizes = [random.Random(2).randint(1, 40) for _ in range(3000)]  # many ties: stability matters
+    sampler = LengthBucketSampler(sizes, batch_size=8, seed=7, pool_batches=10)
+    order = np.random.default_rng(7).permutation(3000)
+    expected = []
+    for start in range(0, 3000, 80):
+        pool = sorted(order[start : start + 80].tolist(), key=sizes.__getitem__)
+        expected.extend(pool[i : i + 8] for i in range(0, len(pool), 8))
+    got = list(sampler)
+    assert sorted(map(tuple, got)) == sorted(map(tuple, expected)) and all(type(i) is int for i in got[0])
+
+
+def test_an_encoded_split_is_read_from_an_unnamed_file_and_equals_its_tokens(tmp_path) -> None:
+    """The training split's word ids go to an unnamed file in the cache folder, read memory-mapped, so a
+    large corpus costs the page cache and not the process; each document reads back as its tokens."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(3)
+    words = ["good", "bad", "plot", "acting", "film", "slow", "great", "boring"]
+    texts = [". ".join(" ".join(rng.choices(words, k=rng.randint(1, 9))) for _ in range(rng.randint(1, 4))) + "."
+             for _ in range(300)]
+    pq.write_table(pa.table({"text": texts, "label": ["pos" if "good" in t else "neg" for t in texts]}),
+                   tmp_path / "train.parquet")
+    module = HANDataModule(train=str(tmp_path / "train.parquet"), cache_dir=str(tmp_path / "cache"), min_freq=1)
+    module.setup()
+    train = module.splits["train"]
+    assert isinstance(train.ids, np.memmap), "the ids should be read from disk, not held in memory"
+    keys = module.split_keys("train")["keys"]
+    assert len(train) == len(keys) == 270
+    for index in (0, 1, 137, 269):
+        (ids, lengths), _ = train[index]
+        assert lengths.tolist() == [len(s) for s in keys[index]]
+        assert ids.tolist() == [i for sentence in keys[index] for i in module.vocab.encode(sentence)]
+    assert train.sizes.tolist() == [sum(len(s) for s in k) for k in keys]
+    assert module.token_counts().sum() == train.sizes.sum()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("train-")) == [], \
+        "the encoded splits leave no file behind"
+
+
 def test_ddp_ranks_get_disjoint_equal_shares_that_cover_everything() -> None:
     sizes = list(range(1, 1001))
     shares = [list(LengthBucketSampler(sizes, 32, seed=5, rank=r, world_size=3)) for r in range(3)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ class Baseline:
                 "macro_f1": round(float(f1_score(targets, predicted, average="macro", zero_division=0)), 4)}
 
 
-def train_baseline(texts: list[str], targets: np.ndarray, multi_label: bool,
+def train_baseline(texts: Sequence[str], targets: np.ndarray, multi_label: bool,
                    validation: tuple[list[str], np.ndarray] | None = None, threshold: float | None = None,
                    buckets: int = 0) -> Baseline:
     """Fit TF-IDF (word 1-2 grams, sublinear tf, min_df=2; 1 under ``MIN_DF_FROM`` documents; hashed
@@ -102,14 +102,17 @@ def _with_threshold(baseline: Baseline, validation: tuple[list[str], np.ndarray]
     return baseline
 
 
-def labelled_training_split(data: Any) -> tuple[list[str], np.ndarray]:
+def labelled_training_split(data: Any) -> tuple[Sequence[str], np.ndarray]:
     """The datamodule's training split without its pseudo-labelled rows (self-training appends them):
     the documents a human labelled, which the HAN also learns from."""
     human = len(data.splits["train"]) - getattr(data, "pseudo_labelled_rows", 0)
     targets = data.splits["train"].targets[:human]
     if targets.ndim > 1 and not data.multi_label:  # one-hot rows beside the teacher's soft ones
         targets = targets.argmax(1)
-    return data.texts("train")[:human], targets.numpy()
+    texts = data.texts("train")  # a lazy column: read a chunk at a time, never the whole split in a list
+    if human < len(texts):
+        texts = data.split_keys("train").select(range(human))["text"]
+    return texts, targets.numpy()
 
 
 def run_baseline(data: Any, splits: list[str], threshold: float | None = None,

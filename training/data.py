@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 from han.segment import SegmenterConfig, has_words
 from han.vocab import Vocabulary
 from training import ngram_teacher, tokenise
-from training.batches import EncodedDocuments, LabelledTexts, LengthBucketSampler, collate_examples
+from training.batches import EncodedDocuments, FlatWriter, LabelledTexts, LengthBucketSampler, collate_examples
 from training.self_training import soft_targets
 from training.sources import DataError, load_source
 from training.splits import stable_holdout
@@ -159,8 +159,7 @@ class HANDataModule(pl.LightningDataModule):
         """How often each vocabulary id occurs in the training split."""
         self.setup()
         assert self.vocab is not None
-        ids = [ids for ids, _ in self.splits["train"].documents]
-        return np.bincount(np.concatenate(ids), minlength=len(self.vocab)) if ids else np.zeros(len(self.vocab))
+        return np.bincount(self.splits["train"].ids, minlength=len(self.vocab))
 
     def texts(self, split: str) -> list[str]:
         """The split's documents as text, in order (those with no words left out, as in training):
@@ -353,12 +352,13 @@ class HANDataModule(pl.LightningDataModule):
     def _encode(self, split: str, ds: datasets.Dataset) -> EncodedDocuments:
         assert self.vocab is not None
         encode = self.vocab.encode
-        documents = [
-            (np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
-             np.fromiter(map(len, keys), dtype=np.int32))
-            for batch in ds.select_columns(["keys"]).iter(batch_size=2000) for keys in batch["keys"]
-        ]
-        return EncodedDocuments(documents, self._targets(split, ds["target"]))
+        # on disk beside the tokenisation cache, read memory-mapped: a split's size is not the process's
+        writer = FlatWriter(self.hparams.cache_dir)
+        for batch in ds.select_columns(["keys"]).iter(batch_size=2000):
+            for keys in batch["keys"]:
+                writer.add(np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
+                           np.fromiter(map(len, keys), dtype=np.int32))
+        return writer.documents(self._targets(split, ds["target"]))
 
     def _targets(self, split: str, labels: list[list[str]]) -> torch.Tensor:
         """Class indices, or a 0/1 row per document for multi-label data."""

@@ -63,6 +63,11 @@ class HashedTfidf:
         return len(self.columns_)
 
 
+def _rows(texts: Sequence[str], rows: np.ndarray) -> list[str]:
+    """The texts at ``rows``: a lazy column (datasets' ``Column``, a split on disk) reads them in one go."""
+    return [texts[i] for i in rows] if isinstance(texts, list) else texts[rows.tolist()]  # type: ignore[index]
+
+
 def _with_bias(x: sparse.csr_matrix) -> sparse.csr_matrix:
     return sparse.hstack([x, np.ones((x.shape[0], 1))], format="csr")
 
@@ -87,7 +92,7 @@ class StreamedRegression:
         rng = np.random.default_rng(self.seed)
         for _ in range(self.epochs):
             for chunk in np.array_split(rng.permutation(len(texts)), max(1, len(texts) // CHUNK)):
-                x = vectorizer.transform([texts[i] for i in chunk])
+                x = vectorizer.transform(_rows(texts, chunk))
                 if self.multi_label:
                     x = _with_bias(x)
                     for label, model in enumerate(self.models_):
