@@ -24,7 +24,8 @@ word vectors: segmenting, vocabulary, encoding, the validation split), vectors (
 and its validation), baseline (TF-IDF + logistic regression, fit and scoring), export (the rest up to the
 model directory: calibration, n-gram head, reports, faithfulness). "peak MB" is the summed PSS of the
 fit and its forked tokenising processes (sampled each second; summed RSS, kept too, counts the pages the
-forks share with the fit in each of them), with the stage it fell in; "fit MB" the largest process's
+forks share with the fit in each of them), with the stage it fell in; "anon MB" the same without the
+pages of mapped files (the caches on disk, which the system reclaims); "fit MB" the largest process's
 exact peak RSS (ru_maxrss). ``DIR/results.jsonl`` adds every stage's peak and the fit's step timings;
 ``DIR/run-N/fit.log`` is the fit's log, each line's arrival time first.
 """
@@ -139,17 +140,20 @@ def build(args: argparse.Namespace) -> None:
                   f"{time.monotonic() - started:.1f} s", flush=True)
 
 
-def tree_memory(root: psutil.Process, pss: bool) -> tuple[int, int | None]:
-    """Summed RSS of a process and its descendants, and (if ``pss``) their summed PSS, in bytes."""
-    rss, proportional = 0, 0 if pss else None
+def tree_memory(root: psutil.Process, pss: bool) -> tuple[int, int | None, int | None]:
+    """Summed RSS of a process and its descendants and (if ``pss``) their summed PSS and anonymous PSS,
+    in bytes. Anonymous: PSS less the pages of mapped files (the tokenisation cache, the encoded splits),
+    which the system pages in and out: the memory a corpus's size must not grow."""
+    rss, proportional, anonymous = 0, 0 if pss else None, 0 if pss else None
     with contextlib.suppress(psutil.Error):
         for process in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.Error, OSError, TypeError):
                 rss += process.memory_info().rss
-                if proportional is not None:
+                if proportional is not None and anonymous is not None:
                     rollup = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
                     proportional += int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M)[1]) * 1024  # type: ignore[index]
-    return rss, proportional
+                    anonymous += int(re.search(r"^Pss_Anon:\s+(\d+) kB", rollup, re.M)[1]) * 1024  # type: ignore[index]
+    return rss, proportional, anonymous
 
 
 def measure(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
@@ -198,15 +202,17 @@ def stages(lines: list[tuple[float, str]]) -> dict[str, tuple[float, float] | No
     return {k: (a, b) if a is not None and b is not None else None for k, (a, b) in spans.items()}
 
 
-def stage_peaks(spans: dict[str, tuple[float, float] | None], samples: list[tuple[float, int, int | None]]
-                ) -> dict[str, int]:
-    """The largest PSS sample (MB) in each stage ("other": after the model directory is written)."""
+def stage_peaks(spans: dict[str, tuple[float, float] | None],
+                samples: list[tuple[float, int, int | None, int | None]], column: int = 2) -> dict[str, int]:
+    """The largest PSS sample (MB; ``column`` 3: anonymous PSS) in each stage ("other": after the model
+    directory is written)."""
     peaks: dict[str, int] = {}
-    for t, _, pss in samples:
+    for sample in samples:
+        t, value = sample[0], sample[column]
         inside = [k for k in STAGES if (s := spans[k]) is not None and s[0] <= t < s[1]]
         name = "baseline" if "baseline" in inside else (inside[0] if inside else "other")
-        if pss is not None:
-            peaks[name] = max(peaks.get(name, 0), round(pss / 2**20))
+        if value is not None:
+            peaks[name] = max(peaks.get(name, 0), round(value / 2**20))
     return peaks
 
 
@@ -238,7 +244,8 @@ def run(args: argparse.Namespace) -> None:
     env |= {"OMP_NUM_THREADS": str(len(cores))} if cores else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     rows = [f"{'documents':>10} " + " ".join(f"{k:>8}" for k in [*STAGES, "total"])
-            + f" {'s/1k docs':>9} {'peak MB':>8} {'at':>8} {'fit MB':>7} {'HAN acc':>7} {'base acc':>8}"]
+            + f" {'s/1k docs':>9} {'peak MB':>8} {'at':>8} {'anon MB':>8} {'at':>8} {'fit MB':>7} {'HAN acc':>7}"
+            + f" {'base acc':>8}"]
     for n in args.sizes:
         train, out = args.dir / f"scale-{n}.parquet", (args.dir / f"run-{n}").resolve()
         if not train.is_file() or not test.is_file():
@@ -260,11 +267,14 @@ def run(args: argparse.Namespace) -> None:
         took["total"] = round(result["wall"], 1)
         peaks = stage_peaks(spans, result["samples"])
         at, peak = max(peaks.items(), key=lambda kv: kv[1]) if peaks else ("-", 0)
+        anonymous = stage_peaks(spans, result["samples"], column=3)
+        anon_at, anon_peak = max(anonymous.items(), key=lambda kv: kv[1]) if anonymous else ("-", 0)
         han, base = accuracy(out)
         record = {"documents": n, "seconds": took, "s_per_1000_documents": round(result["wall"] / n * 1000, 3),
                   "peak_pss_mb": peak, "peak_stage": at, "stage_peak_pss_mb": peaks,
+                  "peak_anon_mb": anon_peak, "peak_anon_stage": anon_at, "stage_peak_anon_mb": anonymous,
                   "max_process_rss_mb": result["max_process_rss_mb"],
-                  "peak_tree_rss_mb": round(max((r for _, r, _ in result["samples"]), default=0) / 2**20),
+                  "peak_tree_rss_mb": round(max((r for _, r, *_ in result["samples"]), default=0) / 2**20),
                   "steps": step_seconds(result["lines"]), "test_accuracy": han, "baseline_test_accuracy": base,
                   "returncode": result["returncode"], "cores": cores, "epochs": args.epochs, "commit": commit.strip(),
                   "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
@@ -276,7 +286,8 @@ def run(args: argparse.Namespace) -> None:
                 shutil.rmtree(out / cache, ignore_errors=True)
         cell = lambda v, w, f=".1f": f"{'-' if v is None else format(v, f):>{w}}"  # noqa: E731
         rows.append(f"{n:>10,} " + " ".join(cell(took[k], 8) for k in [*STAGES, "total"])
-                    + f" {record['s_per_1000_documents']:>9.2f} {peak:>8,} {at:>8} {result['max_process_rss_mb']:>7,}"
+                    + f" {record['s_per_1000_documents']:>9.2f} {peak:>8,} {at:>8} {anon_peak:>8,} {anon_at:>8}"
+                    + f" {result['max_process_rss_mb']:>7,}"
                     + f" {cell(han, 7, '.3f')} {cell(base, 8, '.3f')}"
                     + (f"  (exit {result['returncode']}: see {out / 'fit.log'})" if result["returncode"] else ""))
         print("\n".join(rows), flush=True)
