@@ -39,7 +39,7 @@ def reading(run: Path, buckets: int | None = None) -> dict:
     saved = SavedModel.load(run / "model")
     assert saved.labels == list(data.label_names), "the run's labels differ from its data's"
     kind = {} if buckets is None else {"ngram_buckets": buckets}
-    baseline, fitted = run_baseline(data, ["test"], None, buckets or 0)
+    baseline, fitted = run_baseline(data, ["test"], None, buckets)
     ExportModel(register=False, **kind)._choose_head(saved, data, fitted)
     test = headline(evaluate(Pipeline(saved, batch_size=256), *_split(data, "test")))
     key = "micro_f1" if "micro_f1" in test else "accuracy"
@@ -54,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--buckets", nargs="+", type=int, help="head kinds to read: 0 the vocabulary, N hashed buckets "
-                        "(default: the export's default)")
+                        "(default: the recipe's for the run's size)")
     args = parser.parse_args()
     for run in args.runs:
         for buckets in args.buckets or [None]:

@@ -19,7 +19,12 @@ SMOKE = str(REPO / "data" / "configs" / "smoke.yaml")
 
 
 def test_a_smoke_fit_logs_each_step_and_the_faithfulness_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                               capfd: pytest.CaptureFixture[str]) -> None:
+                                                               capfd: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also a fit past the recipe's HASHED_FROM (lowered here): its baseline hashes its n-grams."""
+    from training import recipe
+
+    monkeypatch.setattr(recipe, "HASHED_FROM", 10)
     caplog.set_level(logging.INFO)
     root = tmp_path / "run"
     main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
@@ -43,6 +48,7 @@ def test_a_smoke_fit_logs_each_step_and_the_faithfulness_budget(tmp_path: Path, 
     summary = SavedModel.load(root / "model").metadata["faithfulness"]
     assert (summary["documents"], summary["stopped_by"]) == (measured, stopped_by)
     assert f"faithfulness on test ({measured} documents)" in log
+    assert SavedModel.load(root / "model").metadata["baseline"]["buckets"] == 2**20
     bars = re.findall(r"(?:calibrating|evaluating|faithfulness)[^\n\r]*\d+%\|", capfd.readouterr().err)
     assert not bars, "tqdm draws no bar off a terminal (a log would get a line per refresh)"
 

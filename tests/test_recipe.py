@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from training.recipe import DataProfile, advice, choose, profile
+from training.recipe import HASHED_FROM, DataProfile, advice, choose, profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "data" / "fixtures" / "reviews.jsonl"
@@ -40,6 +40,9 @@ def test_training_length_scales_with_the_data() -> None:
     # Few single-label documents: targets partly the cross-fitted n-gram baseline's (training.ngram_teacher).
     assert small["data.ngram_teacher"] == 0.3 and large["data.ngram_teacher"] == 0.0
     assert choose(_profile(1_800, labels=90, multi=True))["data.ngram_teacher"] == 0.0
+    # The n-gram baseline's and head's table: a vocabulary while it is the smaller, hashed buckets beyond.
+    assert small["export.ngram_buckets"] == 0 and large["export.ngram_buckets"] == 2**20
+    assert choose(_profile(HASHED_FROM - 1))["export.ngram_buckets"] == 0
 
 
 def test_task_and_length_rules() -> None:
@@ -84,7 +87,7 @@ def test_checkpoint_monitor_and_mode_follow_the_schedule(tmp_path: Path) -> None
             model=SimpleNamespace(scheduler=scheduler, embeddings="word2vec", embed_dim=None, init_from=None,
                                   **{k.split(".")[1]: None for k in choose(_profile(100)) if k.startswith("model.")}),
             trainer=SimpleNamespace(callbacks=[], max_epochs=None, min_epochs=None),
-            checkpoint=SimpleNamespace(monitor=monitor, mode=mode))
+            checkpoint=SimpleNamespace(monitor=monitor, mode=mode), export=SimpleNamespace(ngram_buckets=None))
 
     cases = [("plateau", None, ("val/loss", "min")), ("onecycle", None, ("val/score", "max")),
              ("plateau", "val/score", ("val/score", "max"))]

@@ -23,6 +23,7 @@ from sklearn.multiclass import OneVsRestClassifier
 
 from training.hashed_ngrams import HashedTfidf, StreamedRegression
 from training.progress import Step
+from training.recipe import ngram_buckets
 from training.report import threshold_with_best_micro_f1
 
 MODEL = "TF-IDF 1-2 grams + logistic regression"
@@ -116,11 +117,14 @@ def labelled_training_split(data: Any) -> tuple[Sequence[str], np.ndarray]:
 
 
 def run_baseline(data: Any, splits: list[str], threshold: float | None = None,
-                 buckets: int = 0) -> tuple[dict[str, Any], Baseline]:
+                 buckets: int | None = 0) -> tuple[dict[str, Any], Baseline]:
     """Train the baseline on the datamodule's labelled training split and score it on ``splits``:
     the ``baseline`` entry of the model's metadata (its figures per split, like ``metrics``), and the
-    fitted baseline (the n-gram head's source, training.ngram_head)."""
+    fitted baseline (the n-gram head's source, training.ngram_head). ``buckets`` None: the recipe's
+    table for the split's size (training.recipe.ngram_buckets)."""
     texts, targets = labelled_training_split(data)
+    if buckets is None:
+        buckets = ngram_buckets(len(texts))
     rank_zero_info(f"baseline ({MODEL}) on {len(texts):,} training documents ...")
     start = time.perf_counter()
     validation = (data.texts("validation"), data.splits["validation"].targets.numpy()) \

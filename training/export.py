@@ -81,7 +81,8 @@ class ExportModel(pl.Callback):
             chosen there (training.ngram_head); every caller's scores are then the average.
         ngram_buckets: hash the baseline's and the head's 1-2 grams into this many buckets
             (training.hashed_ngrams): a table of fixed size whatever the corpus, and a fit that holds
-            no vocabulary. 0: scikit-learn's vocabulary of every n-gram in 2 training documents.
+            no vocabulary. 0: scikit-learn's vocabulary of every n-gram in 2 training documents. Unset:
+            by the training split's size (training.recipe.ngram_buckets: hashed from 20,000 documents).
         compare_with: a stored model (e.g. ``han-imdb:production``) to compare the new one with on the
             test split (else validation) before it is registered: the figures of ``han-model compare``
             (training.compare), logged and kept in the model's metadata as ``comparison``, where
@@ -92,12 +93,12 @@ class ExportModel(pl.Callback):
     def __init__(self, name: str | None = None, register: bool = True, output_dir: str | None = None,
                  threshold: float | None = None, calibrate: bool = True, faithfulness: int = 500,
                  faithfulness_tau: int = 50, baseline: bool = True, faithfulness_budget: float | None = 0.1,
-                 ngram_head: bool = True, compare_with: str | None = None, ngram_buckets: int = 0) -> None:
+                 ngram_head: bool = True, compare_with: str | None = None, ngram_buckets: int | None = None) -> None:
         if faithfulness < 0 or faithfulness_tau < 0:
             raise ValueError("export.faithfulness and export.faithfulness_tau must be 0 or more")
         if faithfulness_budget is not None and not faithfulness_budget > 0:
             raise ValueError(f"export.faithfulness_budget must be above 0 (null for none), not {faithfulness_budget}")
-        if ngram_buckets < 0:
+        if ngram_buckets is not None and ngram_buckets < 0:
             raise ValueError(f"export.ngram_buckets must be 0 (the vocabulary) or more, not {ngram_buckets}")
         if threshold is not None and not 0 < threshold < 1:
             raise ValueError(f"export.threshold must be between 0 and 1 (exclusive), not {threshold}")
@@ -211,7 +212,7 @@ class ExportModel(pl.Callback):
         if not self.baseline:
             return None, None
         try:
-            return run_baseline(data, splits, self.threshold, self.ngram_buckets)
+            return run_baseline(data, splits, self.threshold, self.ngram_buckets)  # None: by the split's size
         except ValueError as e:  # scikit-learn's: an empty vocabulary, a single class in the training split
             rank_zero_info(f"baseline skipped: {e}")
             return None, None

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from han.segment import LanguageError, check_language
+from training.hashed_ngrams import BUCKETS
 from training.self_training import teaching
 from training.sources import DataError, load_source
 from training.word_vectors import AUTO, BUILD, GLOVE, glove_installed, resolve_embed_dim
@@ -28,6 +29,12 @@ GLOVE_DIM = 50  # glove-6b-50d's dimension: a config that sets another embed_dim
 FEW_LABELS = 3_000  # labelled training documents under which the data counts as few labels
 ADVERSARIAL = 0.02  # the adversarial move for few labels, as a share of the word vectors' size
 NGRAM_TEACHER = 0.3  # for few labels, the share of a training target from the cross-fitted n-gram baseline
+# Training documents from which the n-gram baseline and head hash their 1-2 grams (training.hashed_ngrams)
+# rather than keep a vocabulary: below, the vocabulary is the smaller table (405,723 n-grams at 22,500 IMDB
+# reviews against 513,109 kept buckets) and scored as well or a little higher on the suite's small
+# validation splits; above, it outgrows the fixed table (744,000 n-grams at 50,000 reviews, 7.4 GB to fit
+# at 100,000 documents), where the hashed baseline was level (docs/experiments.md).
+HASHED_FROM = 20_000
 PLAIN_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning names each with _find_unused_parameters_true
 
 
@@ -77,6 +84,11 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
                        median_words=float(np.median(words)) if len(words) else 0.0, total_words=int(words.sum()))
 
 
+def ngram_buckets(documents: int) -> int:
+    """The n-gram table for a training split of ``documents``: 0 (a vocabulary) or ``BUCKETS`` hashed."""
+    return 0 if documents < HASHED_FROM else BUCKETS
+
+
 def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plateau") -> dict[str, Any]:
     """The recipe's value for every setting it owns, keyed by the dotted name a config uses."""
     # Small batches for small data (more updates), but at least about 20 of them an epoch.
@@ -111,6 +123,8 @@ def choose(p: DataProfile, batch_size: int | None = None, scheduler: str = "plat
         # A moving average of the weights over about two epochs (at most 1,000 steps): the validation
         # score early stopping reads, and the model exported, are steadier than the last step's.
         "model.ema": round(min(0.999, max(0.99, 1 - 1 / (2 * steps))), 4),
+        # The n-gram baseline's and head's table: a vocabulary under HASHED_FROM documents, else hashed.
+        "export.ngram_buckets": ngram_buckets(p.documents),
     }
     if scheduler == "plateau":
         choices |= {
@@ -211,7 +225,7 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
         chosen["model.adversarial"] = chosen["data.ngram_teacher"] = 0.0
     for name, value in chosen.items():
         section, key = name.split(".")
-        target = {"data": data, "model": model, "trainer": trainer}[section]
+        target = {"data": data, "model": model, "trainer": trainer, "export": config.export}[section]
         if getattr(target, key) is None:
             setattr(target, key, value)
             filled.append(f"{name}={value}")
