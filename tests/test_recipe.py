@@ -246,3 +246,17 @@ def test_unlabelled_text_with_few_labels_turns_self_training_on_and_says_what_it
     out = printed("--data.unlabeled", str(extra), "--self_training.fraction", "0")  # the user's
     assert "  fraction: 0.0\n" in out and "# recipe" not in out.split("self_training:")[1] and "x a fit" not in out
 
+
+
+def test_words_are_counted_a_slice_at_a_time_as_in_one_go() -> None:
+    """The profile splits a slice of documents at a time (a corpus at once would hold every word of it):
+    the counts, across slices and the table's own chunks, are those of one pass."""
+    import pyarrow as pa
+
+    from training.recipe import _word_counts
+
+    texts = ["two words", None, "", "  ", "中文文本 and more", "one", "a b c d e f"] * 4
+    column = pa.chunked_array([texts[:9], texts[9:]])
+    assert _word_counts(column, rows=3).tolist() == _word_counts(column, rows=1_000).tolist()
+    assert _word_counts(column, rows=3).tolist()[:7] == [2, 0, 0, 0, 7, 1, 6]
+    assert len(_word_counts(pa.chunked_array([], type=pa.string()))) == 0

@@ -302,10 +302,16 @@ def _size(source: str, text_column: str) -> tuple[int, int]:
     return len(raw), int(_word_counts(raw.with_format("arrow")[:].column(text_column)).sum())
 
 
-def _word_counts(text: pa.ChunkedArray) -> np.ndarray:
+def _word_counts(text: pa.ChunkedArray, rows: int = 10_000) -> np.ndarray:
     """Words of each document: whitespace-separated chunks, plus a word per Chinese, Japanese or Thai
     character, as those scripts run words together and their tokenizers split them (a missing text
-    counts none)."""
+    counts none). ``rows`` documents at a time: splitting a whole corpus at once would hold every word
+    of it in memory (about 2.5 KB a document)."""
+    parts = [_slice_word_counts(text.slice(start, rows)) for start in range(0, len(text), rows)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _slice_word_counts(text: pa.ChunkedArray) -> np.ndarray:
     if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
         text = pc.cast(text, pa.string())
     text = text.fill_null("")
