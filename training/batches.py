@@ -22,9 +22,9 @@ class EncodedDocuments(Dataset):
 
     Stored flat: every document's word ids one after another in ``ids``, its sentences' word counts in
     ``sentence_lengths``, and where each document starts in both (``word_at``, ``sentence_at``, one more
-    entry than documents). ``ids`` and ``sentence_lengths`` may be memory-mapped files (``FlatWriter``):
-    then a split of a million documents costs the page cache, which the system reclaims, not the
-    process's memory (a list of two arrays per document cost about 1.3 KB each: 1.3 GB at a million).
+    entry than documents). ``ids`` and ``sentence_lengths`` are memory-mapped files (``FlatWriter``), so a
+    split of a million documents costs the page cache, which the system reclaims, not the process's
+    memory (a list of two arrays per document cost about 1.3 KB each: 1.3 GB at a million).
     """
 
     def __init__(self, ids: np.ndarray, sentence_lengths: np.ndarray, word_at: np.ndarray, sentence_at: np.ndarray,
