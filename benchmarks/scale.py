@@ -157,7 +157,9 @@ def tree_memory(root: psutil.Process, pss: bool) -> tuple[int, int | None, int |
 
 
 def measure(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
-    """Run ``cmd``: its log lines with their arrival times, memory samples, exit code and wall time."""
+    """Run ``cmd``: its log lines with their arrival times, memory samples, exit code and wall time.
+    Every PSS sample also goes to ``memory.tsv`` beside the log as it is taken (seconds, RSS, PSS and
+    anonymous PSS in MB), so a run stopped midway still says where its memory went."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)
@@ -173,12 +175,17 @@ def measure(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     root, samples = psutil.Process(proc.pid), []
-    for poll in itertools.count():
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # usage: the fit's and its reaped children's
-        if pid:
-            break
-        samples.append((time.monotonic() - started, *tree_memory(root, poll % PSS_EVERY == 0)))
-        time.sleep(POLL)
+    with (log.parent / "memory.tsv").open("w") as trace:
+        trace.write("seconds\trss_mb\tpss_mb\tanon_mb\n")
+        for poll in itertools.count():
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # usage: the fit's and its reaped children's
+            if pid:
+                break
+            samples.append((time.monotonic() - started, *tree_memory(root, poll % PSS_EVERY == 0)))
+            if (sample := samples[-1])[2] is not None:
+                trace.write(f"{sample[0]:.1f}\t" + "\t".join(f"{v / 2**20:.0f}" for v in sample[1:]) + "\n")
+                trace.flush()
+            time.sleep(POLL)
     proc.returncode, wall = os.waitstatus_to_exitcode(status), time.monotonic() - started
     reader.join()
     return {"lines": lines, "samples": samples, "returncode": proc.returncode, "wall": wall,
