@@ -42,6 +42,10 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
     assert head.size == (baseline.vectorizer.size if buckets else len(baseline.vectorizer.vocabulary_))
     if buckets == 2**12:  # more n-grams than buckets: the head's table is the buckets, whatever the corpus
         assert head.size <= buckets and int(head.keys.max()) < buckets
+    if buckets:  # the fitted regression keeps one [labels, buckets] table, not SGD's three
+        arrays = [v for v in vars(baseline.classifier).values() if isinstance(v, np.ndarray)]
+        assert sum(a.nbytes for a in arrays) < 1.5 * baseline.classifier.coef_.nbytes
+        assert not baseline.classifier.models_
     scored = texts[400:] + ODD
     expected = baseline.classifier.predict_proba(baseline.vectorizer.transform(scored))
     full = np.zeros((len(scored), len(labels)))

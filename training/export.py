@@ -156,6 +156,7 @@ class ExportModel(pl.Callback):
         splits = [split for split in ("validation", "test") if split in data.splits]
         baseline, fitted = self._baseline(data, splits)
         self._choose_head(saved, data, fitted)
+        del fitted  # the head holds what it needs: the fit's table need not live through the reports
         reports, faithfulness = self._measure(saved, data, splits, self._root(trainer) / "report", baseline)
         metrics.update((split, headline(report)) for split, report in reports.items())
         saved.metadata["metrics"] = metrics

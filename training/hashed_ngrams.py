@@ -74,7 +74,7 @@ def _with_bias(x: sparse.csr_matrix) -> sparse.csr_matrix:
 
 class StreamedRegression:
     """Logistic regression by SGD over chunks of documents (one binary model per label for multi-label
-    data); ``coef_`` [labels or 1, columns] and ``intercept_`` as scikit-learn's."""
+    data); once fitted, ``coef_`` [labels or 1, columns] and ``intercept_`` as scikit-learn's."""
 
     def __init__(self, c: float, multi_label: bool, labels: int, epochs: int = EPOCHS, seed: int = 0) -> None:
         self.c, self.multi_label, self.labels, self.epochs, self.seed = c, multi_label, labels, epochs, seed
@@ -99,18 +99,16 @@ class StreamedRegression:
                         model.partial_fit(x, targets[chunk, label], classes=np.arange(2))
                 else:
                     self.models_[0].partial_fit(x, targets[chunk], classes=self.classes_)
-        return self
-
-    @property
-    def coef_(self) -> np.ndarray:
+        # The averaged weights alone: each SGD model also keeps its running and averaged copies (three
+        # [labels, columns] tables in all), which the head and the scoring never read again.
         coef = np.vstack([m.coef_ for m in self.models_])
-        return coef[:, :-1] if self.multi_label else coef
-
-    @property
-    def intercept_(self) -> np.ndarray:
         if self.multi_label:
-            return np.concatenate([m.coef_[:, -1] for m in self.models_])
-        return self.models_[0].intercept_
+            self.coef_, self.intercept_ = np.ascontiguousarray(coef[:, :-1]), coef[:, -1].copy()
+        else:
+            self.coef_, self.intercept_ = coef, self.models_[0].intercept_.copy()
+        del coef
+        self.models_ = []
+        return self
 
     def decision_function(self, x: sparse.csr_matrix) -> np.ndarray:
         z = x @ self.coef_.T + self.intercept_
