@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from training import data as training_data
 from training.batches import LengthBucketSampler
 from training.data import HANDataModule
 from training.sources import DataError, load_source
@@ -41,7 +42,7 @@ def test_batches_are_the_list_sorts_batches_in_the_same_order() -> None:
     assert sorted(map(tuple, got)) == sorted(map(tuple, expected)) and all(type(i) is int for i in got[0])
 
 
-def test_an_encoded_split_is_read_from_an_unnamed_file_and_equals_its_tokens(tmp_path) -> None:
+def test_an_encoded_split_is_read_from_an_unnamed_file_and_equals_its_tokens(tmp_path, monkeypatch) -> None:
     """The training split's word ids go to an unnamed file in the cache folder, read memory-mapped, so a
     large corpus costs the page cache and not the process; each document reads back as its tokens."""
     import numpy as np
@@ -65,7 +66,10 @@ def test_an_encoded_split_is_read_from_an_unnamed_file_and_equals_its_tokens(tmp
         assert lengths.tolist() == [len(s) for s in keys[index]]
         assert ids.tolist() == [i for sentence in keys[index] for i in module.vocab.encode(sentence)]
     assert train.sizes.tolist() == [sum(len(s) for s in k) for k in keys]
-    assert module.token_counts().sum() == train.sizes.sum()
+    whole = np.bincount(np.asarray(train.ids), minlength=len(module.vocab))
+    assert module.token_counts().sum() == train.sizes.sum() and (module.token_counts() == whole).all()
+    monkeypatch.setattr(training_data, "COUNT_CHUNK", 7)  # counted a chunk at a time: the same counts
+    assert (module.token_counts() == whole).all()
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("train-")) == [], \
         "the encoded splits leave no file behind"
 
