@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     saved = load(args.model)
     pipeline = Pipeline(saved)
-    multi = bool(saved.model.config.multi_label)
+    multi = bool(saved.config.multi_label)
     print(f"model {args.model}: labels {', '.join(saved.labels)}; profile: "
           f"{'yes' if saved.profile else 'no (estimate from the calibrated scores, no shift tests)'}")
     print(f"load average {os.getloadavg()}\n")

@@ -7,7 +7,8 @@ phase (the worker gives freed heap back once idle 1 s; the reading waits ``--res
 1. plain load: 1,000 one-review requests with explanations from 32 clients;
 2. the hostile suite: a 2,000-sentence document, a 100,000-word document, a 500,000-character word,
    and the largest request the API takes (256 documents filling the 10 MB body) with every explanation
-   method, each sent twice on new connections (so that both workers usually get one);
+   method, each sent twice on new connections (so that both workers usually get one); the gradient-based
+   methods run in a helper process beside each worker (service.gradients), whose RSS is shown while it runs;
 3. a soak: ``--soak`` seconds at 50 clients of IMDB reviews, 5% of the requests 16 documents and 5%
    bad (an empty document, a number for a document: 422).
 
@@ -51,10 +52,14 @@ def smaps(pid: int) -> dict[str, float]:
 
 def reading(server: Server, phase: str, rest: float) -> None:
     time.sleep(rest)
-    rows = [(rss, smaps(pid)) for pid, rss in server.rss_mb().items()
+    sizes = server.rss_mb()
+    rows = [(rss, smaps(pid)) for pid, rss in sizes.items()
             if b"_bentoml_impl.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    # the gradient-based explanations' helper processes (service.gradients), while any runs
+    helpers = [rss for pid, rss in sizes.items() if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     print(f"{phase:<28}" + "   ".join(f"{rss:>6.0f} MB (heap {k['heap']:.0f}, anon {k['anonymous']:.0f}, "
-                                     f"files {k['files']:.0f})" for rss, k in rows), flush=True)
+                                     f"files {k['files']:.0f})" for rss, k in rows)
+          + (f"   gradient helpers {', '.join(f'{rss:.0f}' for rss in helpers)} MB" if helpers else ""), flush=True)
 
 
 async def post(session, url: str, body: dict) -> int:  # type: ignore[no-untyped-def]

@@ -1,12 +1,14 @@
 """Hierarchical Attention Network for document classification: model, preprocessing, the inference pipeline.
 
-Plain PyTorch and spaCy; no training framework or serving code lives here.
+Plain PyTorch, numpy and spaCy; no training framework or serving code lives here.
 
     segment.py       text -> sentences and words with character offsets (spaCy's tokenizer)
     vocab.py         words -> ids, built from training documents
     batch.py         encoded documents -> the model's flat batch tensors
-    model.py         the network (HANConfig, HAN)
+    config.py        the network's settings (HANConfig), read without torch
+    model.py         the network (HAN), in PyTorch: training and the gradient-based explanations
     cpu_kernels.py   the network's recurrences done fast on a CPU
+    numpy_forward.py the network's forward without gradients, in numpy: classification needs no torch
     ngrams.py        the optional n-gram head, averaged with the HAN's probabilities
     calibration.py   temperature scaling and expected calibration error
     vectors.py       pretrained word vectors for the embedding table
@@ -28,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the public names, listed only here: type checkers read them, and so does _public below
     from han.batch import Batch, collate, collate_flat
-    from han.model import HAN, HANConfig, HANOutput
+    from han.config import HANConfig
+    from han.model import HAN, HANOutput
     from han.pipeline import InvalidDocumentError, Pipeline, TopK, document_problem
     from han.results import DocumentError, DocumentResult, SentenceWeight, WordWeight
     from han.saved_model import ModelDirectoryError, SavedModel

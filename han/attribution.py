@@ -25,11 +25,10 @@ from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
 from han.batch import Batch
-from han.methods import METHODS
+from han.methods import METHODS, WITHIN_SENTENCE  # noqa: F401  (WITHIN_SENTENCE: re-exported)
 from han.model import HAN, _mask, to_documents
 from han.vocab import Vocabulary
 
-WITHIN_SENTENCE = frozenset({"attention"})  # word weights relative to their sentence, not the document
 IG_STEPS = 32  # Gauss-Legendre points: completeness within a few % on the models tried
 
 

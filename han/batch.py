@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # torch is imported where a batch is made: han.pipeline's no-gradient path needs none
+    import torch
+    from torch import Tensor
 
 EncodedDocument = Sequence[Sequence[int]]  # sentences of word ids
 
@@ -42,6 +44,8 @@ def collate_flat(documents: Sequence[tuple[np.ndarray, np.ndarray]]) -> Batch:
         raise ValueError("every document needs at least one sentence")
     words = np.zeros((len(sentence_lengths), int(sentence_lengths.max())), dtype=np.int64)
     words[np.arange(words.shape[1]) < sentence_lengths[:, None]] = np.concatenate([ids for ids, _ in documents])
+    import torch
+
     return Batch(torch.from_numpy(words), torch.from_numpy(sentence_lengths), torch.from_numpy(document_lengths))
 
 

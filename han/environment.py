@@ -12,6 +12,7 @@ import functools
 import gc
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -52,14 +53,20 @@ def requested_threads() -> int:
 
 
 def tune_process(threads: int = 1) -> None:
-    """Settings for a process that runs the model (a scoring process, a serving worker): one torch thread
-    (processes, not threads, use the cores), and a batch's tensors of several MB kept on the heap rather
-    than mmap'ed and page-faulted afresh every batch (glibc malloc)."""
-    import torch
+    """Settings for a process that runs the model (a scoring process, a serving worker): ``threads`` threads
+    for numpy's BLAS and for torch (processes, not threads, use the cores), and a batch's arrays of several MB
+    kept on the heap rather than mmap'ed and page-faulted afresh every batch (glibc malloc). Torch is not
+    imported for it: where it is not yet, ``OMP_NUM_THREADS`` sets the threads it starts with if it comes."""
+    from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(threads)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
+    threadpool_limits(threads, user_api="blas")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    else:
+        torch.set_num_threads(threads)
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(1)
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)  # 32 MB is glibc's largest allowed value
@@ -88,6 +95,22 @@ def release_free_memory() -> None:
         libc.mallopt(M_TRIM_THRESHOLD, 128 << 10)
         libc.free(libc.malloc(256 << 10))  # 256 kB: over the 64 kB at which free() trims
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+
+
+@contextlib.contextmanager
+def torch_left_out() -> Iterator[None]:
+    """Imports inside see no torch, unless it is imported already. For spaCy: thinc, under it, imports
+    torch when it can (for models a blank tokenizer never runs), about 180 MB in a process that never
+    computes a gradient (a serving worker, han-score's). Torch can be imported after, as usual."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        yield
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
 
 
 @functools.cache

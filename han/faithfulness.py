@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-from han.attribution import WITHIN_SENTENCE
-from han.methods import METHODS
+from han.methods import METHODS, WITHIN_SENTENCE
 from han.pipeline import Encoded, Pipeline
 from han.vocab import Vocabulary
 
@@ -325,7 +324,7 @@ def _weights(pipeline: Pipeline, encoded: Sequence[Encoded], method: str) -> tup
     words: list[np.ndarray] = [np.empty(0)] * len(encoded)
     sentences: list[np.ndarray] = [np.empty(0)] * len(encoded)
     for chunk, output in pipeline.forward(encoded, method):
-        sw, ww = output.sentence_weights.numpy(), output.word_weights.numpy()
+        sw, ww = output.sentence_weights, output.word_weights
         for row, i in enumerate(chunk):
             lengths = encoded[i][1]
             n = len(lengths)

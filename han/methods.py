@@ -4,6 +4,8 @@ service's API, han-score's command line, the web page). No torch here, so a comm
 METHODS = ("attention", "attention_gradient", "integrated_gradients", "occlusion")
 DEFAULT_METHOD = "attention"
 SIGNED = frozenset({"attention_gradient", "integrated_gradients", "occlusion"})
+ON_TORCH = frozenset(METHODS) - {"attention"}  # run on the torch network (han.attribution); attention needs none
+WITHIN_SENTENCE = frozenset({"attention"})  # word weights relative to their sentence, not the document
 
 
 def explain_method(explain: bool | str | None) -> str | None:

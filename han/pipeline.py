@@ -14,18 +14,19 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
-from han.attribution import WITHIN_SENTENCE, attribute
-from han.batch import collate_flat, length_sorted_chunks
-from han.methods import explain_method
-from han.model import HANOutput
+from han.batch import length_sorted_chunks
+from han.methods import ON_TORCH, WITHIN_SENTENCE, explain_method
+from han.numpy_forward import Forward, NumpyHAN
 from han.results import DECIMALS, DocumentError, DocumentResult, SentenceWeight, WordWeight
 from han.saved_model import SavedModel
 from han.segment import Segment, Segmenter, token_key
+
+if TYPE_CHECKING:
+    from han.model import HAN
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (all word ids, words per sentence)
 # Told (stage, documents just done) as a long call advances: "segment", then "classify" (a progress bar's feed).
@@ -82,13 +83,18 @@ class Pipeline:
 
     def __init__(self, saved: SavedModel, batch_size: int = 64, max_batch_tokens: int = 16_384) -> None:
         self.saved = saved
-        self.model = saved.model.eval()
+        self.network = NumpyHAN(saved.config, saved.weights)  # the forward without gradients, no torch
         self.labels = saved.labels
-        self.multi_label = saved.model.config.multi_label
+        self.multi_label = saved.config.multi_label
         self.segmenter = Segmenter(saved.segmenter)
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self._ids: dict[int, int] = {}  # word text hash -> word id (see encode)
+
+    @property
+    def model(self) -> HAN:
+        """The torch network (the gradient-based explanations): built, and torch imported, on first use."""
+        return self.saved.model
 
     @classmethod
     def from_directory(cls, path: str | Path, **kwargs: int) -> Pipeline:
@@ -133,7 +139,7 @@ class Pipeline:
         """``__call__`` (no explanation, bad documents returned as DocumentError) that also returns each
         document's vector, the attention-weighted sum its head reads [documents, 2 * sentence_hidden]
         (zeros for a bad document): what a batch-diverse query (han-label) clusters."""
-        width = self.model.head.in_features
+        width = self.network.head_width
         vectors = np.zeros((len(texts), width), dtype=np.float32)
         return self._run(texts, None, None, "return", None, progress, vectors=vectors), vectors
 
@@ -211,31 +217,22 @@ class Pipeline:
             unk = self.saved.vocab.unk_id
             for k, (ids, _) in zip(kept, encoded, strict=True):
                 profiles[k] = (len(ids), int(np.count_nonzero(ids == unk)))
-        read: list[torch.Tensor] = []  # the head's input of the last forward: the document vectors
-        hook = None if vectors is None else self.model.head.register_forward_hook(lambda m, i, o: read.append(i[0]))
-        try:
-            for chunk, output in self.forward(encoded, method or "attention", head_probs):
-                if vectors is not None:
-                    vectors[[kept[k] for k in chunk]] = read[-1].numpy()
-                    read.clear()
-                if logits is not None:
-                    logits[[kept[k] for k in chunk]] = output.logits.numpy()
-                probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
-                sentence_weights = output.sentence_weights.numpy() if method else None
-                word_weights = output.word_weights.numpy() if method else None
-                for row, k in enumerate(chunk):
-                    result = self.decide(probs[row].tolist(), segments[k].truncated)
-                    if method is not None:
-                        result.method = method
-                        self.explain(result, segments[k], sentence_weights[row], word_weights[row], top)  # type: ignore[index]
-                        if reading is not None:
-                            result.top_ngrams = head.evidence_of(reading, k, self.labels.index(result.label))  # type: ignore[union-attr]
-                    out[kept[k]] = result
-                if progress is not None:
-                    progress("classify", len(chunk))
-        finally:
-            if hook is not None:
-                hook.remove()
+        for chunk, output in self.forward(encoded, method or "attention", head_probs):
+            if vectors is not None:
+                vectors[[kept[k] for k in chunk]] = output.document_vectors
+            if logits is not None:
+                logits[[kept[k] for k in chunk]] = output.logits
+            probs = self.scores(output.logits, None if head_probs is None else head_probs[chunk])
+            for row, k in enumerate(chunk):
+                result = self.decide(probs[row].tolist(), segments[k].truncated)
+                if method is not None:
+                    result.method = method
+                    self.explain(result, segments[k], output.sentence_weights[row], output.word_weights[row], top)
+                    if reading is not None:
+                        result.top_ngrams = head.evidence_of(reading, k, self.labels.index(result.label))  # type: ignore[union-attr]
+                out[kept[k]] = result
+            if progress is not None:
+                progress("classify", len(chunk))
         return out  # type: ignore[return-value]
 
     # -- the stages ------------------------------------------------------------------------------
@@ -262,31 +259,40 @@ class Pipeline:
         return np.array(ids, dtype=np.int64), segment.lengths
 
     def forward(self, encoded: Sequence[Encoded], method: str = "attention",
-                head: np.ndarray | None = None) -> Iterator[tuple[list[int], HANOutput]]:
+                head: np.ndarray | None = None) -> Iterator[tuple[list[int], Forward]]:
         """Run the model over encoded documents in length-sorted batches: yields (indices, output),
-        the output's weights those of the explanation ``method`` (see han.attribution). ``head``: the
-        n-gram head's probabilities of the same documents, so that a signed method explains the label
-        the averaged scores choose (one more forward pass), not the HAN's own top label."""
+        the output's weights those of the explanation ``method`` (see han.attribution). Attention, and no
+        explanation, run ``han.numpy_forward``; the gradient-based methods the torch network. ``head``:
+        the n-gram head's probabilities of the same documents, so that a signed method explains the label
+        the averaged scores choose, not the HAN's own top label."""
         sizes = [len(ids) for ids, _ in encoded]
         for chunk in length_sorted_chunks(sizes, self.batch_size, self.max_batch_tokens):
-            batch = collate_flat([encoded[i] for i in chunk])
-            if method == "attention":
-                with torch.inference_mode():
-                    yield chunk, self.model(*batch)
-            else:
-                target = None
-                if head is not None:
-                    with torch.inference_mode():
-                        plain = self.model(*batch).logits
-                    target = torch.from_numpy(self.scores(plain, head[chunk]).argmax(1))
-                logits, sentence_weights, word_weights = attribute(self.model, batch, method, target)
-                yield chunk, HANOutput(logits, word_weights, sentence_weights)
+            documents = [encoded[i] for i in chunk]
+            ids = np.concatenate([ids for ids, _ in documents])
+            sentences = np.concatenate([lengths for _, lengths in documents]).astype(np.int64, copy=False)
+            lengths = np.fromiter((len(lengths) for _, lengths in documents), dtype=np.int64, count=len(documents))
+            output = self.network(ids, sentences, lengths)
+            if method in ON_TORCH:
+                output = self._attributed(documents, method, output, None if head is None else head[chunk])
+            yield chunk, output
 
-    def scores(self, logits: torch.Tensor, head: np.ndarray | None = None) -> np.ndarray:
+    def _attributed(self, documents: Sequence[Encoded], method: str, plain: Forward,
+                    head: np.ndarray | None) -> Forward:
+        """A gradient-based method's logits and weights (han.attribution, on torch) for one batch."""
+        import torch
+
+        from han.attribution import attribute
+        from han.batch import collate_flat
+
+        target = None if head is None else torch.from_numpy(self.scores(plain.logits, head).argmax(1))
+        logits, sentence_weights, word_weights = attribute(self.model, collate_flat(documents), method, target)
+        return Forward(logits.numpy(), word_weights.numpy(), sentence_weights.numpy(), plain.document_vectors)
+
+    def scores(self, logits: np.ndarray, head: np.ndarray | None = None) -> np.ndarray:
         """Calibrated label probabilities [documents, labels]: of logits / the model's temperature,
         averaged with ``head``, the n-gram head's probabilities of the same documents, when given."""
         t = self.saved.temperature
-        probs = self.model.probabilities(logits / t if t != 1.0 else logits).numpy().astype(np.float64)
+        probs = self.network.probabilities(logits / t if t != 1.0 else logits)
         if head is not None:
             probs = self.saved.ngrams.mix(probs, head)  # type: ignore[union-attr]
         return np.round(probs, DECIMALS)

@@ -1,23 +1,30 @@
 """A model directory: ``config.json``, ``vocab.json``, ``labels.json``, ``model.safetensors`` and,
 when the fit kept an n-gram head beside the HAN (han.ngrams), ``ngram_head.safetensors``.
 
-Plain tensors and JSON only; nothing is pickled, so loading a model runs no code from it.
+Plain tensors and JSON only; nothing is pickled, so loading a model runs no code from it. A loaded model
+holds its weights as numpy arrays (what ``han.numpy_forward`` runs); the torch network is built from them
+on first use of ``SavedModel.model`` (training, the gradient-based explanations), so a process that only
+classifies never imports torch.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.numpy import load_file, save_file
 
-from han.model import HAN, HANConfig
+from han.config import HANConfig
 from han.ngrams import NgramHead
+from han.numpy_forward import check_weights
 from han.segment import LanguageError, SegmenterConfig, check_language
 from han.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from han.model import HAN
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.json"
@@ -31,19 +38,56 @@ class ModelDirectoryError(ValueError):
     """A model directory that is missing a file or has a file that cannot be read."""
 
 
-@dataclass
 class SavedModel:
-    """A loaded (or about to be saved) model with everything the predictor needs."""
+    """A loaded (or about to be saved) model with everything the predictor needs: the network (a torch
+    ``HAN``, or for a loaded model its config and weights, the ``HAN`` built on first use), the vocabulary,
+    the labels, the segmenter's settings, the multi-label ``threshold``, the calibration ``temperature``
+    (han.calibration), free-form ``metadata``, the n-gram head where the fit kept one (han.ngrams), and the
+    training data's ``profile`` where the fit recorded one (what the monitor compares with)."""
 
-    model: HAN
-    vocab: Vocabulary
-    labels: list[str]
-    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
-    threshold: float = 0.5  # multi-label decision threshold
-    temperature: float = 1.0  # scores are probabilities of logits / temperature (han.calibration)
-    metadata: dict[str, Any] = field(default_factory=dict)  # free-form: dataset, metrics, dates
-    ngrams: NgramHead | None = None  # averaged with the HAN's scores when the fit kept it (han.ngrams)
-    profile: dict[str, Any] | None = None  # the training data's profile, where the fit recorded one
+    def __init__(
+        self, model: HAN | None, vocab: Vocabulary, labels: list[str], segmenter: SegmenterConfig | None = None,
+        threshold: float = 0.5, temperature: float = 1.0, metadata: dict[str, Any] | None = None,
+        ngrams: NgramHead | None = None, profile: dict[str, Any] | None = None, *,
+        config: HANConfig | None = None, weights: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        if model is None and (config is None or weights is None):
+            raise ValueError("a SavedModel needs a model, or its config and weights")
+        self._model = model
+        self._config = config
+        self._weights = weights
+        self.vocab = vocab
+        self.labels = labels
+        self.segmenter = segmenter if segmenter is not None else SegmenterConfig()
+        self.threshold = threshold
+        self.temperature = temperature
+        self.metadata = metadata if metadata is not None else {}
+        self.ngrams = ngrams
+        self.profile = profile
+
+    @property
+    def config(self) -> HANConfig:
+        return self._model.config if self._model is not None else self._config  # type: ignore[return-value]
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The network's weights by their state-dict names (the torch model's own memory when it exists)."""
+        if self._model is not None:
+            return {k: v.detach().cpu().numpy() for k, v in self._model.state_dict().items()}
+        return self._weights  # type: ignore[return-value]
+
+    @property
+    def model(self) -> HAN:
+        """The torch network, in evaluation mode; built from the weights on first use (torch imported then)."""
+        if self._model is None:
+            import torch
+
+            from han.model import HAN
+
+            model = HAN(self.config)
+            model.load_state_dict({k: torch.tensor(v) for k, v in self.weights.items()})
+            self._model, self._weights = model.eval(), None
+        return self._model
 
     def save(self, directory: str | Path) -> Path:
         """Write the model directory (created if needed) and return its path."""
@@ -51,7 +95,7 @@ class SavedModel:
         directory.mkdir(parents=True, exist_ok=True)
         config = {
             "format_version": FORMAT_VERSION,
-            "model": self.model.config.to_dict(),
+            "model": self.config.to_dict(),
             "segmenter": self.segmenter.to_dict(),
             "threshold": self.threshold,
             "temperature": self.temperature,
@@ -65,7 +109,7 @@ class SavedModel:
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
         self.vocab.save(directory / VOCAB_FILE)
         (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        tensors = {k: np.ascontiguousarray(v) for k, v in self.weights.items()}
         save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
         (directory / NgramHead.FILE).unlink(missing_ok=True)
         if self.ngrams is not None:
@@ -114,15 +158,14 @@ class SavedModel:
             )
         weights_path = directory / WEIGHTS_FILE
         _require(weights_path)
-        model = HAN(model_config)
         try:
-            model.load_state_dict(load_file(str(weights_path)))
-        except (SafetensorError, RuntimeError, OSError) as e:
+            weights = load_file(str(weights_path))
+            check_weights(model_config, weights)
+        except (SafetensorError, ValueError, OSError) as e:
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
-        model.eval()
         ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels), model_config.multi_label)
-        return cls(model, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams,
-                   read_profile(directory))
+        return cls(None, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams,
+                   read_profile(directory), config=model_config, weights=weights)
 
 
 def read_profile(directory: str | Path) -> dict[str, Any] | None:

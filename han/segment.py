@@ -21,11 +21,15 @@ from functools import cache, cached_property
 from itertools import pairwise
 
 import numpy as np
-import spacy
-from spacy.attrs import IDX, IS_PUNCT, IS_SPACE, LENGTH, ORTH
-from spacy.language import Language
-from spacy.pipeline import Sentencizer
-from spacy.tokens import Doc
+
+from han.environment import torch_left_out
+
+with torch_left_out():  # the tokenizer needs no torch (see torch_left_out)
+    import spacy
+    from spacy.attrs import IDX, IS_PUNCT, IS_SPACE, LENGTH, ORTH
+    from spacy.language import Language
+    from spacy.pipeline import Sentencizer
+    from spacy.tokens import Doc
 
 # `<br>`, `<br/>`, `<br />`, `<p>`, `</p>`: paragraph structure in scraped text (IMDB has plenty).
 _BREAK_TAG = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)

@@ -201,7 +201,7 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     good = np.array([k for k, row in enumerate(rows) if int(row) not in bad_rows], dtype=np.int64)
     if len(good) < args.n:
         raise LabelError(f"{pool.name}: {len(good):,} documents that can be classified, fewer than --n {args.n:,}")
-    multi = saved.model.config.multi_label
+    multi = saved.config.multi_label
     ready.join()
     held = round(args.n * args.holdout)
     picked = choose(args.strategy, args.n - held, probs[good].astype(np.float64), vectors[good].astype(np.float32),
@@ -296,7 +296,7 @@ def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, t
     from labeling.strategies import margins
 
     chosen = pool.table.select(rows.tolist())
-    certainty = margins(probs, saved.model.config.multi_label, saved.threshold)
+    certainty = margins(probs, saved.config.multi_label, saved.threshold)
     order = sorted(range(len(results)), key=lambda k: (float(certainty[k]), k))
     return [{"id": chosen[k]["id"], "text": chosen[k]["text"], "label": results[k].label, "labels": results[k].labels,
              "scores": results[k].scores, "margin": round(float(certainty[k]), 6), "model_version": tag,
@@ -343,7 +343,7 @@ def run_import(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_out(out, IMPORT_OUTPUTS, "OUT")
     _, _, saved = _model(args.model)
-    labels, multi = saved.labels, saved.model.config.multi_label
+    labels, multi = saved.labels, saved.config.multi_label
     export = Path(args.export)
     try:
         got = read_export(export, labels, multi)

@@ -47,7 +47,7 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
     """Save ``saved`` into the BentoML model store under ``name``; returns the new tag ``name:version``."""
     meta = {**saved.metadata, **(metadata or {})}
     saved.metadata = meta
-    labels = {"task": "multi-label" if saved.model.config.multi_label else "single-label"}
+    labels = {"task": "multi-label" if saved.config.multi_label else "single-label"}
     with bentoml.models.create(name, labels=labels, metadata=_json_safe(meta)) as model:
         saved.save(model.path)
     tag = str(model.tag)

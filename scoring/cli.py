@@ -132,7 +132,7 @@ def _check_and_run(
     model_dir, saved = _resolve_model(args.model)
     spec = formats.OutputSpec(
         list(saved.labels),
-        bool(saved.model.config.multi_label),
+        bool(saved.config.multi_label),
         source.id_column is not None,  # --id-column, or the input's column named id
         source.id_is_int,
         args.explain is not None,

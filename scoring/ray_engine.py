@@ -223,7 +223,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
 
     id_type = schema.types[names.index(args.id_column)]
     id_is_int = isinstance(id_type, pa.DataType) and pa.types.is_integer(id_type)
-    spec = OutputSpec(list(saved.labels), bool(saved.model.config.multi_label), True, id_is_int,
+    spec = OutputSpec(list(saved.labels), bool(saved.config.multi_label), True, id_is_int,
                       args.explain is not None, saved.ngrams is not None)
     options = ScoringOptions(args.explain, args.top_sentences, args.top_words)
     concurrency = args.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))

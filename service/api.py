@@ -171,7 +171,7 @@ def without_paths(value: Any) -> Any:
 def model_info(tag: str, registered_at: str, saved: han.SavedModel) -> ModelInfo:
     """GET /model's answer for a loaded model (without the training machine's paths)."""
     meta = without_paths(saved.metadata)
-    config = saved.model.config
+    config = saved.config
     metrics = meta["metrics"] if isinstance(meta.get("metrics"), dict) else None
     calibration = {
         split: {k: v for k, v in figures.items() if k.startswith("ece_")}

@@ -23,9 +23,10 @@ import bentoml
 
 import han
 from han.environment import release_free_memory
-from model_store import load_checked, production_version
+from model_store import load_checked, model_path, production_version
 from model_store.production import forget_replica, pointer_stamp, report_replica
 from service.api import ModelInfo, model_info
+from service.gradients import GradientProcess
 
 logger = logging.getLogger("han.service")
 logger.setLevel(logging.INFO)  # a switch is worth a line in the log (the root logger says warnings only)
@@ -35,11 +36,13 @@ REPORT_SECONDS = 2.0  # how often it says what it serves (han-model promote wait
 
 @dataclass(eq=False)
 class Served:
-    """One loaded version: its tag, its pipeline and what GET /model says of it."""
+    """One loaded version: its tag, its pipeline, what GET /model says of it, and its gradient-based
+    explanations' helper process (service.gradients: started on first use)."""
 
     tag: str
     pipeline: han.Pipeline
     info: ModelInfo
+    gradients: GradientProcess
 
 
 def load_served(tag: str, path: Path | None = None, registered_at: str | None = None) -> Served:
@@ -47,8 +50,9 @@ def load_served(tag: str, path: Path | None = None, registered_at: str | None = 
     serve fails here, beside the serving one, rather than on a request."""
     if path is None:
         registered_at = bentoml.models.get(tag).info.creation_time.isoformat()
-    pipeline = load_checked(path or tag)
-    return Served(tag, pipeline, model_info(tag, registered_at or "", pipeline.saved))
+    directory = path or model_path(tag)
+    pipeline = load_checked(directory)
+    return Served(tag, pipeline, model_info(tag, registered_at or "", pipeline.saved), GradientProcess(directory))
 
 
 _documents = None

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 import han
 from han.environment import apply_defaults, freeze_loaded_objects, release_free_memory, tune_process
-from han.methods import explain_method
+from han.methods import ON_TORCH, explain_method
 from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, model_path, model_tag_from_env, production_version
 from model_store.production import follows_pointer, split_tag
 from monitoring.shadow import ShadowRunner
@@ -149,6 +149,13 @@ class HANClassifier:
         if self.follower.name is not None:
             self._following = asyncio.get_running_loop().create_task(self.follower.run())
         self._shadowing = asyncio.get_running_loop().create_task(self.shadow.run())
+        self._helpers = asyncio.get_running_loop().create_task(self._stop_idle_helpers())
+
+    async def _stop_idle_helpers(self) -> None:
+        """The gradient-based explanations' helper (service.gradients) stops once unused for a while."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.served.gradients.stop_if_idle(SETTINGS.gradient_idle)
 
     def _rest(self) -> None:
         """Once idle, a worker returns to its size at start: the pipeline's caches, then the freed heap."""
@@ -186,9 +193,12 @@ class HANClassifier:
             members = [r for r, (_, m, s, _, _) in enumerate(requests) if m == method and s is served]
             texts = [text for r in members for text in requests[r][0]]
             profiles: list[tuple[int, int]] = []
-            results = served.pipeline(texts, explain=method, errors="return", profiles=profiles)
+            if method in ON_TORCH:  # the gradient-based methods: torch, in a helper process (service.gradients)
+                results = served.gradients(texts, method, "return", profiles)
+            else:
+                results = served.pipeline(texts, explain=method, errors="return", profiles=profiles)
             saved = served.pipeline.saved
-            profiles_of[served.tag] = (saved.profile, bool(saved.model.config.multi_label))
+            profiles_of[served.tag] = (saved.profile, bool(saved.config.multi_label))
             start = 0
             for r in members:
                 end = start + len(requests[r][0])

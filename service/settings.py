@@ -26,6 +26,7 @@ REQUESTS_PER_CONNECTION_ENV = "HAN_REQUESTS_PER_CONNECTION"
 KEYS_FILE_ENV, KEYS_ENV, ANONYMOUS_ENV = "HAN_API_KEYS_FILE", "HAN_API_KEYS", "HAN_ALLOW_ANONYMOUS"
 LOG_ENV, LOG_TEXT_ENV, LOG_FILE_ENV, LOG_CAP_ENV = "HAN_LOG", "HAN_LOG_TEXT", "HAN_LOG_FILE_MB", "HAN_LOG_MAX_MB"
 FEEDBACK_STORE_ENV, RETENTION_ENV = "HAN_FEEDBACK_STORE", "HAN_FEEDBACK_RETENTION_DAYS"
+GRADIENT_IDLE_ENV = "HAN_GRADIENT_HELPER_IDLE_S"
 
 
 def switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -57,6 +58,7 @@ class Settings:
     log_max_mb: int = 2048  # the log's disk cap: the oldest files go past it
     feedback_store: str | None = None  # a SQLite file or postgresql:// URL (default: beside the production pointer)
     feedback_retention_days: int = 90  # answers without feedback are forgotten by the store after this
+    gradient_idle: int = 60  # seconds unused before a worker's gradient-explanation helper stops (service.gradients)
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -80,6 +82,8 @@ class Settings:
             feedback_store=environ.get(FEEDBACK_STORE_ENV, "").strip() or None,
             feedback_retention_days=whole_number(environ, RETENTION_ENV, cls.feedback_retention_days, "days",
                                                  "at least 1", minimum=1),
+            gradient_idle=whole_number(environ, GRADIENT_IDLE_ENV, cls.gradient_idle, "seconds", "at least 1",
+                                       minimum=1),
         ).checked()
 
     def checked(self) -> Settings:

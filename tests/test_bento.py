@@ -29,7 +29,8 @@ from service.process import free_port, stop_process_group, wait_ready
 from tests.service_server import REPO, base_env, register_model, tiny_model_dir_quickly
 
 SERVICE_NEEDS = ("torch", "numpy", "pydantic", "pyyaml", "safetensors", "spacy", "bentoml", "scipy", "psycopg",
-                 "psycopg-binary")  # what service/ and monitoring/ import (psycopg for a PostgreSQL feedback store)
+                 "psycopg-binary", "threadpoolctl")  # what service/ and monitoring/ import (psycopg for a PostgreSQL
+# feedback store; threadpoolctl: a worker caps numpy's BLAS threads)
 
 
 def runtime_closure(roots: tuple[str, ...] = SERVICE_NEEDS) -> dict[str, str]:

@@ -43,7 +43,7 @@ def compare(new: str, old: str, data: str | Path, text_column: str | None = None
     """
     (new_model, new_tag), (old_model, old_tag) = _load(str(new)), _load(str(old))
     check_comparable(new_model, old_model, new_tag, old_tag)
-    multi = bool(new_model.model.config.multi_label)
+    multi = bool(new_model.config.multi_label)
     texts, labels, rows, total = read_labelled(data, text_column, label_column, multi, limit, seed)
     targets = encode_targets(labels, new_model.labels, multi, str(data), rows)
     result = compare_saved(new_model, old_model, texts, targets, seed=seed, progress=progress)
@@ -66,7 +66,7 @@ def _load(ref: str) -> tuple[SavedModel, str]:
 
 
 def check_comparable(new: SavedModel, old: SavedModel, new_name: str, old_name: str) -> None:
-    check_labels(new.labels, bool(new.model.config.multi_label), old.labels, bool(old.model.config.multi_label),
+    check_labels(new.labels, bool(new.config.multi_label), old.labels, bool(old.config.multi_label),
                  new_name, old_name)
 
 
@@ -146,7 +146,7 @@ def compare_saved(new: SavedModel, old: SavedModel, texts: list[Any], targets: n
         order = [saved.labels.index(label) for label in new.labels]  # the same labels, maybe in another order
         mine = targets[:, np.argsort(order)] if targets.ndim == 2 else np.array(order)[targets]
         reports[role] = (evaluate(Pipeline(saved, batch_size=256), texts, mine, progress=progress), saved)
-    multi = bool(new.model.config.multi_label)
+    multi = bool(new.config.multi_label)
     predicted = {role: _predictions(report, new.labels, multi) for role, (report, _) in reports.items()}
     rng = np.random.default_rng(seed)
     if multi:

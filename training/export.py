@@ -135,7 +135,7 @@ class ExportModel(pl.Callback):
 
             champion = load(self.compare_with)  # other labels or task: one line now, before the fit
             check_labels(trainer.datamodule.label_names, trainer.datamodule.multi_label, champion.labels,
-                         bool(champion.model.config.multi_label), "the new model", self.compare_with)
+                         bool(champion.config.multi_label), "the new model", self.compare_with)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         show_in(None)
@@ -224,7 +224,7 @@ class ExportModel(pl.Callback):
         multi-label model then decides at the threshold chosen with the share."""
         if fitted is None or not self.ngram_head or "validation" not in data.splits:
             return
-        multi_label = saved.model.config.multi_label
+        multi_label = saved.config.multi_label
         texts, targets = _split(data, "validation")
         logits = self._validation_logits
         if logits is None:

@@ -162,9 +162,9 @@ class HANModule(pl.LightningModule):
         self._initialised = False
         if init_from:
             self._stored = load_stored(init_from)
-            stored_sizes = {name: getattr(self._stored.model.config, name) for name in ARCHITECTURE}
+            stored_sizes = {name: getattr(self._stored.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
-            sentence_values = self._stored.model.config.sentence_values
+            sentence_values = self._stored.config.sentence_values
         if lr <= 0:
             raise ValueError(f"model.lr must be positive, not {lr}")
         for name, value, least in (("word2vec_epochs", word2vec_epochs, 1), ("freeze_embeddings", freeze_embeddings, 0),
