@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from uuid import uuid4
@@ -103,6 +104,9 @@ class HANClassifier:
         language has no tokenizer here, the keys are unreadable, or the service would be reachable
         from other machines without keys (unless anonymous access is asked for, with a warning)."""
         apply_defaults()  # offline, no telemetry: the workers inherit it
+        # one malloc arena from a worker's start (han.environment.tune_process sets it too late for the threads
+        # BentoML starts first): an arena per thread kept each burst's pages
+        os.environ.setdefault("MALLOC_ARENA_MAX", "1")
         try:
             config = json.loads((model_path(MODEL_TAG) / "config.json").read_text(encoding="utf-8"))
             han.check_language(str((config.get("segmenter") or {}).get("language", "en")))
