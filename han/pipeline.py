@@ -93,8 +93,9 @@ class Pipeline:
 
     @property
     def model(self) -> HAN:
-        """The torch network (the gradient-based explanations): built, and torch imported, on first use."""
-        return self.saved.model
+        """The torch network in evaluation mode (the gradient-based explanations): built, and torch imported,
+        on first use."""
+        return self.saved.model.eval()
 
     @classmethod
     def from_directory(cls, path: str | Path, **kwargs: int) -> Pipeline:

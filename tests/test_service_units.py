@@ -44,21 +44,35 @@ def test_release_free_memory_gives_a_freed_heap_back_to_the_kernel():
     assert freed > 30 << 20
 
 
-def test_release_free_memory_gives_back_the_top_of_a_threads_heap():
-    """The inference thread's freed tensors merge into the top of its own malloc arena, which
-    malloc_trim leaves alone (glibc trims only the main heap's top): the idle work gives it back too."""
+THREAD_BURST = (
+    "freed = []\n"
+    "def burst():\n"
+    "    block = libc.malloc(25 << 20); ctypes.memset(block, 1, 25 << 20)\n"  # under both thresholds
+    "    libc.free(ctypes.c_void_p(block))\n"  # merges into the top of this thread's arena
+    "    held = rss(); libc.malloc_trim(0); trimmed = rss()\n"
+    "    release_free_memory(); freed.append((held - trimmed, trimmed - rss()))\n"
+    "thread = threading.Thread(target=burst); thread.start(); thread.join()\n"
+    "print(*freed[0])\n"
+)
+
+
+def test_a_tuned_process_keeps_one_arena_so_malloc_trim_gives_a_threads_burst_back():
+    """tune_process keeps every thread in the main malloc arena: an arena per thread kept each burst's pages."""
     if not sys.platform.startswith("linux"):
         pytest.skip("malloc_trim is glibc's")
-    code = MALLOC_PRELUDE + (
-        "freed = []\n"
-        "def burst():\n"
-        "    block = libc.malloc(25 << 20); ctypes.memset(block, 1, 25 << 20)\n"  # under both thresholds
-        "    libc.free(ctypes.c_void_p(block))\n"  # merges into this thread's arena's top
-        "    held = rss(); libc.malloc_trim(0); trimmed = rss()\n"
-        "    release_free_memory(); freed.append((held - trimmed, trimmed - rss()))\n"
-        "thread = threading.Thread(target=burst); thread.start(); thread.join()\n"
-        "print(*freed[0])\n"
-    )
+    out = subprocess.run([sys.executable, "-c", MALLOC_PRELUDE + THREAD_BURST], capture_output=True, text=True,
+                         check=True).stdout
+    by_trim, _ = map(int, out.split())
+    assert by_trim > 20 << 20, by_trim
+
+
+def test_release_free_memory_gives_back_the_top_of_a_threads_heap():
+    """Where threads have arenas of their own (glibc's default; tune_process keeps one), the inference
+    thread's freed tensors merge into the top of its arena, which malloc_trim leaves alone (glibc trims
+    only the main heap's top): the idle work gives it back too."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("malloc_trim is glibc's")
+    code = MALLOC_PRELUDE + "libc.mallopt(-8, 8)\n" + THREAD_BURST  # M_ARENA_MAX: an arena per thread again
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     by_trim, by_release = map(int, out.split())
     assert by_trim < 2 << 20, "malloc_trim alone leaves a thread's heap top"
