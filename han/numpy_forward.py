@@ -24,7 +24,7 @@ class Forward(NamedTuple):
     logits: np.ndarray  # [docs, labels], float32
     word_weights: np.ndarray  # [docs, max_sentences, max_words]; 0 on padding
     sentence_weights: np.ndarray  # [docs, max_sentences]; 0 on padding
-    document_vectors: np.ndarray  # [docs, head input]: what the head reads
+    document_vectors: np.ndarray | None  # [docs, head input]: what the head reads (None from an attribution)
 
 
 def weight_shapes(config: HANConfig) -> dict[str, tuple[int, ...]]:

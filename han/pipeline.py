@@ -272,22 +272,24 @@ class Pipeline:
             ids = np.concatenate([ids for ids, _ in documents])
             sentences = np.concatenate([lengths for _, lengths in documents]).astype(np.int64, copy=False)
             lengths = np.fromiter((len(lengths) for _, lengths in documents), dtype=np.int64, count=len(documents))
-            output = self.network(ids, sentences, lengths)
             if method in ON_TORCH:
-                output = self._attributed(documents, method, output, None if head is None else head[chunk])
-            yield chunk, output
+                plain = None if head is None else self.network(ids, sentences, lengths)
+                yield chunk, self._attributed(documents, method, plain, None if head is None else head[chunk])
+            else:
+                yield chunk, self.network(ids, sentences, lengths)
 
-    def _attributed(self, documents: Sequence[Encoded], method: str, plain: Forward,
+    def _attributed(self, documents: Sequence[Encoded], method: str, plain: Forward | None,
                     head: np.ndarray | None) -> Forward:
-        """A gradient-based method's logits and weights (han.attribution, on torch) for one batch."""
+        """A gradient-based method's logits and weights (han.attribution, on torch) for one batch; with the
+        n-gram head's probabilities, for the label that ``plain``'s logits and they choose together."""
         import torch
 
         from han.attribution import attribute
         from han.batch import collate_flat
 
-        target = None if head is None else torch.from_numpy(self.scores(plain.logits, head).argmax(1))
+        target = None if plain is None else torch.from_numpy(self.scores(plain.logits, head).argmax(1))
         logits, sentence_weights, word_weights = attribute(self.model, collate_flat(documents), method, target)
-        return Forward(logits.numpy(), word_weights.numpy(), sentence_weights.numpy(), plain.document_vectors)
+        return Forward(logits.numpy(), word_weights.numpy(), sentence_weights.numpy(), None)
 
     def scores(self, logits: np.ndarray, head: np.ndarray | None = None) -> np.ndarray:
         """Calibrated label probabilities [documents, labels]: of logits / the model's temperature,
