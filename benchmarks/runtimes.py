@@ -13,7 +13,7 @@ token cap), each engine runs the network (collation included) and ``Pipeline.__c
 2 threads many times over), rounds in turn (order reversed every other round): median docs/s and the
 median of each round's ratio to the project. Engines:
 
-- ``project``: ``Pipeline.forward``, the model in ``han.cpu_kernels`` (packed, real positions only);
+- ``project``: ``Pipeline.forward``, the model in ``han.numpy_forward`` (packed, real positions only);
 - ``torch-padded``: ``Padded`` run by PyTorch, eager ``nn.GRU`` over padded batches (what the toy that
   measured ONNX Runtime 1.4-1.5x and OpenVINO 2.2-2.5x compared against);
 - ``onnxruntime``, ``openvino``: ``Padded`` exported once (``torch.onnx.export``, the TorchScript
@@ -37,7 +37,6 @@ import argparse
 import importlib.util
 import json
 import os
-import pickle
 import shutil
 import statistics
 import subprocess
@@ -59,7 +58,8 @@ sys.path.insert(0, str(REPO))
 from han.batch import collate_flat, length_sorted_chunks  # noqa: E402
 from han.cpu_kernels import mask  # noqa: E402
 from han.environment import apply_defaults, release_free_memory, tune_process  # noqa: E402
-from han.model import HAN, Attention, BiGRU, HANOutput  # noqa: E402
+from han.model import HAN, Attention, BiGRU  # noqa: E402
+from han.numpy_forward import Forward as Output  # noqa: E402
 from han.pipeline import Encoded, Pipeline  # noqa: E402
 
 DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
@@ -72,7 +72,7 @@ AXES = {"words": {0: "sentences", 1: "words"}, "sentence_lengths": {0: "sentence
         "sentence_index": {0: "documents", 1: "max_sentences"}, "logits": {0: "documents"},
         "word_weights": {0: "documents", 1: "max_sentences", 2: "words"},
         "sentence_weights": {0: "documents", 1: "max_sentences"}}
-Forward = Callable[[Sequence[Encoded]], Iterator[tuple[list[int], HANOutput]]]
+Forward = Callable[[Sequence[Encoded]], Iterator[tuple[list[int], Output]]]
 Run = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray | Tensor]]
 
 
@@ -167,11 +167,12 @@ def batched(run: Run, pipeline: Pipeline) -> Forward:
     """``Pipeline.forward`` (explain=False) with ``run`` computing each batch."""
 
     def forward(encoded: Sequence[Encoded], method: str = "attention",
-                head: np.ndarray | None = None) -> Iterator[tuple[list[int], HANOutput]]:
+                head: np.ndarray | None = None) -> Iterator[tuple[list[int], Output]]:
         assert method == "attention", "no-gradient forward only"
         sizes = [len(ids) for ids, _ in encoded]
         for chunk in length_sorted_chunks(sizes, pipeline.batch_size, pipeline.max_batch_tokens):
-            yield chunk, HANOutput(*(torch.as_tensor(t) for t in run(feed([encoded[i] for i in chunk]))))
+            logits, word_weights, sentence_weights = (np.asarray(t) for t in run(feed([encoded[i] for i in chunk])))
+            yield chunk, Output(logits, word_weights, sentence_weights, None)
 
     return forward
 
@@ -199,7 +200,7 @@ def end_to_end(pipeline: Pipeline, forward: Forward, texts: list[str]) -> tuple[
         del pipeline.forward
 
 
-def agreement(pipeline: Pipeline, forward: Forward, reference: list[tuple[list[int], HANOutput]],
+def agreement(pipeline: Pipeline, forward: Forward, reference: list[tuple[list[int], Output]],
               encoded: Sequence[Encoded], head: np.ndarray | None) -> list[float | int]:
     """Max abs difference of logits, scores (calibrated, as served), word and sentence weights from the
     project's forward, and the documents whose chosen labels differ."""
@@ -208,15 +209,29 @@ def agreement(pipeline: Pipeline, forward: Forward, reference: list[tuple[list[i
         assert chunk == same
         mix = None if head is None else head[chunk]
         scores = pipeline.scores(ours.logits, mix), pipeline.scores(theirs.logits, mix)
-        pairs = [(ours.logits.numpy(), theirs.logits.numpy()), scores,
-                 (ours.word_weights.numpy(), theirs.word_weights.numpy()),
-                 (ours.sentence_weights.numpy(), theirs.sentence_weights.numpy())]
+        pairs = [(ours.logits, theirs.logits), scores, (ours.word_weights, theirs.word_weights),
+                 (ours.sentence_weights, theirs.sentence_weights)]
         for k, (a, b) in enumerate(pairs):
             assert a.shape == b.shape, (OUTPUTS, a.shape, b.shape)
             worst[k] = max(worst[k], float(np.abs(a.astype(np.float64) - b).max()))
         differ += sum(pipeline.decide(a.tolist(), False).labels != pipeline.decide(b.tolist(), False).labels
                       for a, b in zip(*scores, strict=True))
     return [*worst, differ]
+
+
+def write_reviews(work: Path, texts: list[str], encoded: Sequence[Encoded]) -> None:
+    """The reviews and their encoding, for the worker processes (JSON and arrays: no pickle)."""
+    (work / "reviews.json").write_text(json.dumps(texts))
+    np.savez(work / "encoded.npz", ids=np.concatenate([ids for ids, _ in encoded]),
+             lengths=np.concatenate([lengths for _, lengths in encoded]),
+             words=[len(ids) for ids, _ in encoded], sentences=[len(lengths) for _, lengths in encoded])
+
+
+def read_reviews(work: Path) -> tuple[list[str], list[Encoded]]:
+    stored = np.load(work / "encoded.npz")
+    ids = np.split(stored["ids"], np.cumsum(stored["words"])[:-1])
+    lengths = np.split(stored["lengths"], np.cumsum(stored["sentences"])[:-1])
+    return json.loads((work / "reviews.json").read_text()), list(zip(ids, lengths, strict=True))
 
 
 def rss_mb() -> float:
@@ -232,7 +247,7 @@ def worker(args: argparse.Namespace) -> None:
     threads = args.threads[0]
     tune_process(threads)
     pipeline = Pipeline(load(args.model))
-    texts, encoded = pickle.loads((args.work / "reviews.pickle").read_bytes())
+    texts, encoded = read_reviews(args.work)
     base = rss_mb()
     forward = engine(args.worker, pipeline, args.work / "han.onnx", threads)
     loaded = rss_mb()
@@ -330,7 +345,7 @@ def main() -> int:
     head = None if ngrams is None else ngrams.probabilities(t[:cap] for t in texts)
     scratch, args.work = args.work is None, args.work or Path(tempfile.mkdtemp(prefix="han-runtimes-"))
     args.work.mkdir(parents=True, exist_ok=True)
-    (args.work / "reviews.pickle").write_bytes(pickle.dumps((texts, encoded)))
+    write_reviews(args.work, texts, encoded)
     onnx = args.work / "han.onnx"
     chunks = length_sorted_chunks([len(ids) for ids, _ in encoded], pipeline.batch_size, pipeline.max_batch_tokens)
     print(f"{len(texts):,} reviews in {len(chunks)} batches of up to {pipeline.batch_size}")
