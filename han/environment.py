@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from typing import Any
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
-TRIM_THRESHOLD = 32 << 20  # free memory above this at a heap's top goes back to the kernel (tune_process)
+# Free memory above this at a heap's top goes back to the kernel (tune_process). At 32 MB a window of
+# thousands of documents (han-score's) gave its batches' arrays back and faulted them in again: 40 page
+# faults a review, 8% of the CPU in the kernel. An idle serving worker gives it back anyway
+# (release_free_memory), and a process's peak is the same either way.
+TRIM_THRESHOLD = 128 << 20
+# The garbage collector's thresholds in a process that runs the model (tune_process). Each collection walks
+# the objects alive, and a window's explanations are hundreds of thousands of them: at Python's (700, 10,
+# 10) collections took a quarter of han-score --explain's time. The pipeline's objects form no cycles, so
+# reference counting frees them; collections are for the rare cycle, and an idle serving worker collects.
+GC_THRESHOLDS = (10_000, 100, 100)
 
 DEFAULTS = {
     "BENTOML_DO_NOT_TRACK": "true",
@@ -59,8 +68,11 @@ def tune_process(threads: int = 1) -> None:
     arena for every thread: an arena of its own for each thread that handles a burst (the inference
     thread, the gradient helper's pipes) kept that burst's pages, 15 to 25 MB a serving worker at rest, and
     under the GIL the threads hardly allocate at once. Torch is not imported for it: where it is not yet,
-    ``OMP_NUM_THREADS`` sets the threads it starts with if it comes."""
+    ``OMP_NUM_THREADS`` sets the threads it starts with if it comes. The garbage collector runs less often
+    (``GC_THRESHOLDS``)."""
     from threadpoolctl import threadpool_limits
+
+    gc.set_threshold(*GC_THRESHOLDS)
 
     threadpool_limits(threads, user_api="blas")
     torch = sys.modules.get("torch")

@@ -146,11 +146,12 @@ def _start_worker() -> None:
 def _pipeline(model_dir: str) -> Any:
     """This process's pipeline of ``model_dir``, loaded on first use (one torch thread: processes use the cores)."""
     from han import Pipeline
-    from han.environment import tune_process
+    from han.environment import freeze_loaded_objects, tune_process
 
     if model_dir not in _loaded:
         tune_process()
         _loaded[model_dir] = Pipeline.from_directory(model_dir)
+        freeze_loaded_objects()
     return _loaded[model_dir]
 
 

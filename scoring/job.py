@@ -36,10 +36,11 @@ class Scorer:
         if self.pool:
             self.pool.configure(self.model_dir, self.options)
         from han import Pipeline
-        from han.environment import tune_process
+        from han.environment import freeze_loaded_objects, tune_process
 
         tune_process()
         self.pipeline = Pipeline(self.saved)
+        freeze_loaded_objects()
 
     def close(self) -> None:
         if self.pool:

@@ -42,12 +42,13 @@ def _started() -> int:
 
 def _score(model_dir: str, options: ScoringOptions, texts: list[Any]) -> ScoredWindow:
     from han import Pipeline
-    from han.environment import tune_process
+    from han.environment import freeze_loaded_objects, tune_process
     from scoring.score import score_texts
 
     if model_dir not in _loaded:
         tune_process()
         _loaded[model_dir] = Pipeline.from_directory(model_dir)
+        freeze_loaded_objects()
     return score_texts(_loaded[model_dir], texts, options)
 
 

@@ -19,7 +19,7 @@ from tests.asgi_calls import call, run_async, scripted_app
 from tests.service_server import tiny_model_dir_quickly
 from tests.tiny_model import read_jsonl
 
-# A fresh process whose freed memory stays on the heap (tune_process: 32 MB trim threshold), with
+# A fresh process whose freed memory stays on the heap (tune_process: 128 MB trim threshold), with
 # glibc's malloc and the process's RSS at hand.
 MALLOC_PRELUDE = (
     "import ctypes, threading, psutil\n"
@@ -64,6 +64,46 @@ def test_a_tuned_process_keeps_one_arena_so_malloc_trim_gives_a_threads_burst_ba
                          check=True).stdout
     by_trim, _ = map(int, out.split())
     assert by_trim > 20 << 20, by_trim
+
+
+def test_a_tuned_process_reuses_a_freed_window_without_faulting_its_pages_in_again():
+    """A window's arrays, freed, stay on the heap for the next window (tune_process): at glibc's or a 32 MB
+    trim threshold each window gave about 100 MB back and page-faulted it in again."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc")
+    code = MALLOC_PRELUDE + (
+        "import resource\n"
+        "def window():\n"
+        "    blocks = [libc.malloc(1 << 20) for _ in range(100)]\n"  # 100 MB under the mmap threshold
+        "    for b in blocks: ctypes.memset(b, 1, 1 << 20)\n"
+        "    for b in reversed(blocks): libc.free(ctypes.c_void_p(b))\n"  # all of it at the heap's top
+        "window()\n"
+        "faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt; window()\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)\n"
+    )
+    tuned = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    untuned = code.replace("tune_process(1)\n", "")
+    assert MALLOC_PRELUDE.count("tune_process(1)\n") == 1
+    default = int(subprocess.run([sys.executable, "-c", untuned], capture_output=True, text=True,
+                                 check=True).stdout)
+    assert default > 20_000, default  # 100 MB is 25,600 pages: the check can tell
+    assert tuned < 2_000, tuned
+
+
+def test_a_tuned_process_collects_garbage_less_often():
+    """Each collection walks every object alive: with a window's explanations alive, Python's default
+    thresholds spent a quarter of han-score --explain's time there (han.environment.GC_THRESHOLDS)."""
+    code = MALLOC_PRELUDE + (
+        "import gc, time\n"
+        "alive = [[i] for i in range(300_000)]\n"  # a window's results, held while more are made
+        "start = sum(s['collections'] for s in gc.get_stats())\n"
+        "made = [(i, [i]) for i in range(200_000)]\n"
+        "print(sum(s['collections'] for s in gc.get_stats()) - start)\n"
+    )
+    tuned, default = (int(subprocess.run([sys.executable, "-c", c], capture_output=True, text=True,
+                                         check=True).stdout) for c in (code, code.replace("tune_process(1)\n", "")))
+    assert tuned <= 400_000 // 10_000 + 5, tuned  # 400,000 containers made
+    assert default > 10 * tuned, default  # Python's (700, 10, 10)
 
 
 def test_release_free_memory_gives_back_the_top_of_a_threads_heap():
