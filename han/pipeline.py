@@ -212,7 +212,7 @@ class Pipeline:
         # the head reads each text once: its probabilities and, to explain, its evidence
         reading = None if head is None else head.read((texts[i][:cap] for i in kept), evidence=method is not None)  # type: ignore[index]
         head_probs = None if reading is None else reading.probs
-        encoded = [self.encode(s) for s in segments]
+        encoded = self.encode_many(segments)
         if profiles is not None:
             profiles[:] = [(0, 0)] * len(texts)
             unk = self.saved.vocab.unk_id
@@ -242,22 +242,36 @@ class Pipeline:
         return list(self.segmenter.segment_many(texts))
 
     def encode(self, segment: Segment) -> Encoded:
-        """A segment as the model's flat input: (all word ids, words per sentence).
+        """A segment as the model's flat input: (all word ids, words per sentence)."""
+        return self.encode_many([segment])[0]
 
-        Word ids are looked up by the hash of the word's text, cached: a word seen before costs one
-        dict look-up, with no key built. Bounded: a stream of ever-new words empties it now and then
-        (``WORD_ID_CACHE``: the common words fit, and a serving worker holds little at rest)."""
+    def encode_many(self, segments: Sequence[Segment]) -> list[Encoded]:
+        """Segments as the model's flat input, each (all word ids, words per sentence).
+
+        Each distinct word of them all is looked up once (a window of reviews repeats its common words
+        thousands of times), by the hash of its text, in a cache: a word seen before costs no key built.
+        Bounded: a stream of ever-new words empties it now and then (``WORD_ID_CACHE``: the common words
+        fit, and a serving worker holds little at rest)."""
+        if not segments:
+            return []
+        sizes = np.fromiter((len(s.hashes) for s in segments), dtype=np.int64, count=len(segments))
+        ends = np.cumsum(sizes)
+        distinct, first, inverse = np.unique(np.concatenate([s.hashes for s in segments]), return_index=True,
+                                             return_inverse=True)
         cache = self._ids
-        ids = [cache.get(h) for h in segment.hashes.tolist()]
+        ids = [cache.get(h) for h in distinct.tolist()]
         if None in ids:
             if len(cache) > WORD_ID_CACHE:
                 cache.clear()
-            stoi, unk, text = self.saved.vocab.stoi, self.saved.vocab.unk_id, segment.text
-            spans = zip(segment.hashes.tolist(), segment.starts.tolist(), segment.ends.tolist(), strict=True)
-            for k, (h, a, b) in enumerate(spans):
+            stoi, unk = self.saved.vocab.stoi, self.saved.vocab.unk_id
+            owner = np.searchsorted(ends, first, side="right")  # the segment where each word first occurs
+            at = first - (ends - sizes)[owner]  # and its place there
+            for k, h in enumerate(distinct.tolist()):
                 if ids[k] is None:
-                    ids[k] = cache[h] = stoi.get(token_key(text[a:b]), unk)
-        return np.array(ids, dtype=np.int64), segment.lengths
+                    segment, i = segments[owner[k]], at[k]
+                    ids[k] = cache[h] = stoi.get(token_key(segment.text[segment.starts[i]:segment.ends[i]]), unk)
+        words = np.array(ids, dtype=np.int64)[inverse.reshape(-1)]
+        return [(part, s.lengths) for part, s in zip(np.split(words, ends[:-1]), segments, strict=True)]
 
     def forward(self, encoded: Sequence[Encoded], method: str = "attention",
                 head: np.ndarray | None = None) -> Iterator[tuple[list[int], Forward]]:

@@ -175,3 +175,31 @@ def test_a_long_input_is_read_a_window_at_a_time_with_the_same_results(pipeline:
     assert np.allclose(logits, whole_logits, atol=1e-6)
     with pytest.raises(InvalidDocumentError, match="document 7: the document has no words"):
         pipeline(texts[10:])  # the bad document 7 of this input, found in its second window
+
+
+def test_a_window_is_encoded_as_each_document_alone(tiny_model_dir: Path, monkeypatch) -> None:
+    """``encode_many`` looks each distinct word of a window up once: the ids of each word's key in the
+    vocabulary, as ``encode`` gives them document by document, unknown words, words in several documents
+    and a word-id cache emptied midway included."""
+    import numpy as np
+
+    from han import pipeline as module
+
+    texts = ["A wonderful film. The film was wonderful, truly.", "Zyxwvut qwertzuiop! A film? FILM.",
+             "Awful and boring. Hated it.", "One.", "wonderful wonderful zyxwvut"]
+    alone = Pipeline(SavedModel.load(tiny_model_dir))
+    vocab = alone.saved.vocab
+    expected = [(np.array([vocab.stoi.get(key, vocab.unk_id) for keys in s.token_keys for key in keys]), s.lengths)
+                for s in alone.segment(texts)]
+    assert [alone.encode(s)[0].tolist() for s in alone.segment(texts)] == [ids.tolist() for ids, _ in expected]
+    assert any((ids == vocab.unk_id).any() for ids, _ in expected)  # unknown words in the test
+    for cache_size in (25_000, 2):  # 2: the cache is emptied while a window is encoded
+        monkeypatch.setattr(module, "WORD_ID_CACHE", cache_size)
+        together = Pipeline(SavedModel.load(tiny_model_dir))
+        for _ in range(2):  # from an empty cache, then a full one
+            got = together.encode_many(together.segment(texts))
+            assert len(got) == len(expected)
+            for (ids, lengths), (want_ids, want_lengths) in zip(got, expected, strict=True):
+                assert ids.dtype == np.int64 and ids.tolist() == want_ids.tolist()
+                assert lengths.tolist() == want_lengths.tolist()
+    assert together.encode_many([]) == []
