@@ -137,6 +137,8 @@ class HANClassifier:
                                    self.batcher.busy, self.batcher.limiter)
         self.follower.shadow_status = self.shadow.status
         freeze_loaded_objects()  # the collector then walks only what requests allocate
+        release_free_memory()  # loading's freed copies (the n-gram head's arrays among them): a worker starts
+        # at the size it returns to at rest, not 10 MB above it
 
     @property
     def served(self) -> Served:
