@@ -191,10 +191,12 @@ class Scorers:
     def close(self, abandon: bool = False) -> None:
         if self.executor is None:
             return
-        if abandon:  # an error or Ctrl-C: stop mid-window (Python 3.11 has no public way: hence _processes)
-            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
-                process.kill()
-        self.executor.shutdown(wait=not abandon, cancel_futures=True)
+        if abandon:  # an error or Ctrl-C: stop mid-window
+            from scoring.workers import stop_at_once
+
+            stop_at_once(self.executor)
+        else:
+            self.executor.shutdown(wait=True, cancel_futures=True)
         self.executor = None
 
 

@@ -131,13 +131,26 @@ class Workers:
         if self.closed:
             return
         self.closed = True
-        abandon = bool(self.pending)
-        if abandon:
-            # Kill first, then shut down: Python 3.11 offers no public way to stop a worker mid-window
-            # (hence the private _processes), and an executor shut down while a worker is still dying
-            # can write its stop message into a pipe nobody reads (a BrokenPipeError on stderr).
-            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
-                with contextlib.suppress(Exception):
-                    process.kill()
+        if self.pending:
             self.pending.clear()
-        self.executor.shutdown(wait=not abandon, cancel_futures=True)
+            stop_at_once(self.executor)
+        else:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def stop_at_once(executor: ProcessPoolExecutor) -> None:
+    """Stop ``executor``'s workers mid-window (an error, Ctrl-C) and wait for its manager thread.
+
+    Kill first, then shut down: Python 3.11 offers no public way to stop a worker mid-window (hence the
+    private ``_processes``), and an executor shut down while a worker is still dying can write its stop
+    message into a pipe nobody reads (a BrokenPipeError on stderr). Then join the manager thread:
+    left running, it closes its wake-up pipe while the interpreter's exit hook may be writing to it,
+    which prints an ``OSError: [Errno 9]`` traceback after the one-line error (Python 3.11's
+    ``_ThreadWakeup.wakeup`` takes no lock; CPython gh-125451 added one in 3.12 and later)."""
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            process.kill()
+    manager = getattr(executor, "_executor_manager_thread", None)
+    executor.shutdown(wait=False, cancel_futures=True)
+    if manager is not None:
+        manager.join(timeout=30)  # the workers are dead: it ends at once; never hang an exit on it

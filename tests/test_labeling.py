@@ -179,6 +179,29 @@ def test_next_refuses_a_pool_it_cannot_choose_from_in_one_line(content: str, mes
     assert not out.exists() and not list(tmp_path.glob("*.xml"))
 
 
+@pytest.mark.parametrize("pool", ["han-label's scorers", "han-score's workers"])
+def test_workers_stopped_at_once_leave_no_thread_for_the_exit_hook(pool: str, tiny_model_dir: Path) -> None:
+    """An error just after the workers start (a pool with nothing to choose) stops them at once. The
+    executor's manager thread must be gone when close() returns: Python 3.11's exit hook writes to its
+    wake-up pipe without a lock, and a thread closing that pipe meanwhile prints an OSError traceback
+    after the one-line error (seen once in CI)."""
+    from labeling.pool import Scorers
+    from scoring.score import ScoringOptions
+    from scoring.workers import Workers
+
+    if pool == "han-label's scorers":
+        scorers = Scorers(1)
+        manager = scorers.executor._executor_manager_thread
+        scorers.close(abandon=True)
+    else:
+        workers = Workers(1)
+        workers.configure(str(tiny_model_dir), ScoringOptions())
+        workers.submit(0, ["Good."] * 50)
+        manager = workers.executor._executor_manager_thread
+        workers.close()
+    assert manager is not None and not manager.is_alive()
+
+
 def test_an_unknown_model_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     source = tmp_path / "pool.jsonl"
     source.write_text('{"id": "a", "text": "Good."}\n')
