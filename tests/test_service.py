@@ -461,7 +461,7 @@ def test_schemathesis_finds_the_api_as_its_schema_says(server, tmp_path):
         "--checks",
         "all",
         "--max-examples",
-        "150",
+        "100",
         "--seed",
         "20240501",
         "--workers",
