@@ -11,6 +11,7 @@ torch-free. The price is the helper's start (a few seconds) on the first such re
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 import weakref
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 _pipeline: Any = None  # in the helper: the one pipeline it runs
+_stopping: list[threading.Thread] = []  # in the worker: the manager threads of helpers told to stop
 
 
 def _load(model_dir: str) -> None:
@@ -76,12 +78,31 @@ class GradientProcess:
     def stop(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            _stop(pool)
 
     def _started(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # spawned, not forked: a worker has threads (BentoML's event loop, the inference thread)
             self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=_load,
                                              initargs=(str(self.model_dir),))
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+            weakref.finalize(self, _stop, self._pool)
         return self._pool
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Tell a helper to stop without waiting for it (the event loop's thread), keeping its manager thread
+    for ``wait_for_stopped_helpers``."""
+    manager = getattr(pool, "_executor_manager_thread", None)  # private: no public handle in 3.11
+    pool.shutdown(wait=False, cancel_futures=True)
+    _stopping[:] = [t for t in _stopping if t.is_alive()]
+    if manager is not None:
+        _stopping.append(manager)
+
+
+def wait_for_stopped_helpers(timeout: float = 10.0) -> None:
+    """Before the worker exits: wait for the helpers told to stop. Python 3.11's exit hook writes to a
+    stopping pool's wake-up pipe without a lock while the pool's manager thread may be closing it, which
+    prints an ``OSError: [Errno 9]`` traceback into the log (CPython gh-125451 adds the lock in 3.12)."""
+    deadline = time.monotonic() + timeout
+    while _stopping:
+        _stopping.pop().join(max(0.0, deadline - time.monotonic()))

@@ -35,6 +35,7 @@ from service.batcher import RequestBatcher, observe_batch
 from service.connections import SpreadConnections
 from service.deadline import use_response_deadline
 from service.feedback import feedback_endpoint, feedback_request, model_labels
+from service.gradients import wait_for_stopped_helpers
 from service.guard import RequestGuard, error_response
 from service.models import ModelFollower, Served, count_documents, load_served
 from service.monitor_page import monitor_endpoint
@@ -162,6 +163,12 @@ class HANClassifier:
         while True:
             await asyncio.sleep(1.0)
             self.served.gradients.stop_if_idle(SETTINGS.gradient_idle)
+
+    @bentoml.on_shutdown
+    def _stop_helpers(self) -> None:
+        """The gradient helper stopped, and every helper told to stop gone, before the worker exits."""
+        self.served.gradients.stop()
+        wait_for_stopped_helpers()
 
     def _rest(self) -> None:
         """Once idle, a worker returns to its size at start: the pipeline's caches, then the freed heap."""

@@ -77,3 +77,18 @@ def test_workers_stay_torch_free_and_the_gradient_helper_answers_then_stops(requ
         assert "Traceback" not in server.log()
     finally:
         server.stop()
+
+
+def test_a_stopped_helper_is_waited_for_before_the_worker_exits(request: pytest.FixtureRequest) -> None:
+    """The worker's shutdown hook waits for every helper told to stop (an idle one, one of a replaced
+    version): a pool still stopping when the interpreter exits races Python 3.11's exit hook, which then
+    prints an OSError traceback into the log."""
+    from service.gradients import GradientProcess, wait_for_stopped_helpers
+
+    helper = GradientProcess(tiny_model_dir_quickly(request))
+    results = helper(TEXTS, "occlusion", "raise", [])
+    assert [r.method for r in results] == ["occlusion", "occlusion"]
+    manager = helper._pool._executor_manager_thread
+    helper.stop()
+    wait_for_stopped_helpers()
+    assert manager is not None and not manager.is_alive()
