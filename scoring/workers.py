@@ -146,7 +146,7 @@ def stop_at_once(executor: ProcessPoolExecutor) -> None:
     message into a pipe nobody reads (a BrokenPipeError on stderr). Then join the manager thread:
     left running, it closes its wake-up pipe while the interpreter's exit hook may be writing to it,
     which prints an ``OSError: [Errno 9]`` traceback after the one-line error (Python 3.11's
-    ``_ThreadWakeup.wakeup`` takes no lock; CPython gh-125451 added one in 3.12 and later)."""
+    ``_ThreadWakeup.wakeup`` takes no lock; CPython gh-125451 added one in later releases)."""
     for process in list((getattr(executor, "_processes", None) or {}).values()):
         with contextlib.suppress(Exception):
             process.kill()

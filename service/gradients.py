@@ -102,7 +102,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 def wait_for_stopped_helpers(timeout: float = 10.0) -> None:
     """Before the worker exits: wait for the helpers told to stop. Python 3.11's exit hook writes to a
     stopping pool's wake-up pipe without a lock while the pool's manager thread may be closing it, which
-    prints an ``OSError: [Errno 9]`` traceback into the log (CPython gh-125451 adds the lock in 3.12)."""
+    prints an ``OSError: [Errno 9]`` traceback into the log (CPython gh-125451 added the lock in later releases)."""
     deadline = time.monotonic() + timeout
     while _stopping:
         _stopping.pop().join(max(0.0, deadline - time.monotonic()))
