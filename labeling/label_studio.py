@@ -118,13 +118,22 @@ def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi
         for a in t.get("annotations") or []:
             if not isinstance(a, dict) or a.get("was_cancelled"):
                 continue
-            chosen = [c for r in a.get("result") or [] if isinstance(r, dict) and r.get("from_name") == CHOICES
-                      for c in (r.get("value") or {}).get("choices") or []]
+            chosen = _choices(a.get("result"))
             if chosen:
                 answers.append(tuple(sorted(chosen)))
         skipped = any(isinstance(a, dict) and a.get("was_cancelled") for a in t.get("annotations") or [])
         _add(out, where, data, set(answers), labels, multi_label, skipped)
     return out
+
+
+def _choices(result: Any) -> list[str]:
+    """An annotation's chosen labels: its ``choices`` results named ``CHOICES``, else those of the one
+    ``choices`` tag it has under another name (a project set up with its own labelling config)."""
+    results = [r for r in result or [] if isinstance(r, dict) and r.get("type", "choices") == "choices"]
+    named = [r for r in results if r.get("from_name") == CHOICES]
+    if not named and len({r.get("from_name") for r in results}) == 1:
+        named = results
+    return [c for r in named for c in (r.get("value") or {}).get("choices") or [] if isinstance(c, str)]
 
 
 def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], multi_label: bool, row_word: str,
@@ -133,6 +142,10 @@ def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], mult
     if records and TEXT not in records[0]:
         raise ExportError(f"{path}: {row_word} {first}: no '{TEXT}' field (fields: {', '.join(map(str, records[0]))}):"
                           " not an export of han-label's tasks")
+    if records and not any(CHOICES in r for r in records):
+        raise ExportError(f"{path}: no {row_word} has a '{CHOICES}' field (fields: {', '.join(map(str, records[0]))}):"
+                          f" nothing is annotated, or the project's Choices tag has another name (han-label next's"
+                          f" label config names it '{CHOICES}')")
     by_doc: dict[str, tuple[str, dict[str, Any], set[tuple[str, ...]]]] = {}
     order: list[str] = []
     for k, r in enumerate(records, first):

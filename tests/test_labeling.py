@@ -254,6 +254,26 @@ def test_import_reads_the_json_export_and_reports_each_task_left_out(tiny_model_
     assert lines[4] == f"han-label: 2 labelled documents -> {out}; 4 tasks left out (listed above)"
 
 
+def test_import_reads_the_choices_of_a_project_with_its_own_labelling_config(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """Tasks imported into a project whose Choices tag has another name: its one choices result is the label
+    (and the highlighted sentences, a labels result, are not)."""
+    own = [{"from_name": "sentiment", "to_name": "text", "type": "choices", "value": {"choices": ["neg"]}},
+           {"from_name": "evidence", "to_name": "text", "type": "labels",
+            "value": {"start": 0, "end": 5, "labels": ["evidence"]}}]
+    two = [{**own[0], "from_name": "tone"}, {**own[0], "from_name": "mood", "value": {"choices": ["pos"]}}]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps([
+        {"id": 1, "data": {"text": "Dull.", "doc_id": "d1"}, "annotations": [{"result": own}]},
+        {"id": 2, "data": {"text": "Odd.", "doc_id": "d2"}, "annotations": [{"result": two}]}]))
+    out = tmp_path / "labelled.jsonl"
+    done = han_label("import", str(export), str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert got == [{"id": "d1", "text": "Dull.", "label": "neg"}]
+    assert f"han-label: {export}: task 2 (document d2): skipped: no annotation" in done.stderr  # which of two tags?
+
+
 def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: Path) -> None:
     minimal = tmp_path / "min.json"
     minimal.write_text(json.dumps([
@@ -283,6 +303,10 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
                                                           "an export of another project?"),
     ('[{"id": 1, "data": {"body": "x"}, "annotations": []}]', "item 1: a task without data.text: not an export of "
                                                               "han-label's tasks"),
+    ('[{"id": 1, "text": "Good.", "sentiment": "pos"}]', "no item has a 'label' field (fields: id, text, sentiment): "
+                                                         "nothing is annotated, or the project's Choices tag has "
+                                                         "another name (han-label next's label config names it "
+                                                         "'label')"),
 ])
 def test_import_refuses_a_bad_export_in_one_line_and_writes_nothing(content: str, message: str,
                                                                     tiny_model_dir: Path, tmp_path: Path) -> None:
