@@ -232,10 +232,15 @@ def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float
 
 
 def status(args: argparse.Namespace) -> int:
+    from monitoring.shadow import read_shadow
+
     name = split_tag(args.name)[0]
     record = read_pointer(name)
     if record is None:
         first = production_version(name)
+        if first is None and not read_shadow(name) and not live_replicas(name):
+            raise ModelNotFoundError(f"{name}: no version in the model store, and no service follows the name "
+                                     "(`bentoml models list` shows the names there)")
         print(f"{name}: production is {first} (its first registered version; no pointer written yet)" if first
               else f"{name}: no version in the model store")
     else:
@@ -243,8 +248,6 @@ def status(args: argparse.Namespace) -> int:
         for entry in record.get("history", [])[-10:]:
             extra = " (forced)" if entry.get("forced") else ""
             print(f"  {entry['at']}  {entry['action']:<8} {entry['tag']}{extra}")
-    from monitoring.shadow import read_shadow
-
     if asked := read_shadow(name):
         print(f"  shadow: {asked['tag']} with {asked['fraction']:.0%} of documents since {asked.get('since')}")
     for key, report in live_replicas(name).items():

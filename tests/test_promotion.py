@@ -245,7 +245,9 @@ def test_bad_requests_get_one_line(deployment: dict, monkeypatch) -> None:
     with locked(NAME):  # another promotion under way
         busy = han_model(home, "promote", tags["B"], "--force")
     assert busy.returncode == 1 and "another promotion or rollback of han-promo is under way" in busy.stderr
-    for done in (unknown, busy):
+    nothing = han_model(home, "status", "han-nosuch")  # a mistyped name is an error, not a status
+    assert nothing.returncode == 1 and "han-nosuch: no version in the model store" in nothing.stderr
+    for done in (unknown, busy, nothing):
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
