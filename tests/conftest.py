@@ -15,8 +15,11 @@ from han.environment import apply_defaults
 apply_defaults()
 # Tests never touch the user's model store: every session gets an empty one of its own.
 os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="han-test-bentoml-")
-# One torch thread: with one per core, small models crawl when another process keeps a core busy.
+# One torch thread: with one per core, small models crawl when another process keeps a core busy (the
+# suite's other test process). The commands the tests start (fits, scoring) inherit it: a fit otherwise
+# starts on every core and gives one back only after its first seconds (training.threads).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATASETS = Path(os.environ.get("HAN_SHARED_DATASETS", REPO.parent / "shared" / "datasets"))
