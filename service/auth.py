@@ -12,6 +12,7 @@ the service refuses to start unless anonymous access is asked for.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -160,6 +161,15 @@ class ApiKeyGuard:
         keys = load_scoped_keys(settings)
         self.keys = KeysFile(settings.keys_file if keys else None, keys)  # no keys at start: none ever (loopback)
         self.open = OPEN_PATHS | ({"/metrics"} if settings.metrics_open else set())
+        self._following: asyncio.Task[None] | None = None
+
+    async def _follow(self) -> None:
+        """Look at the keys' file every ``every`` seconds without waiting for a request: a worker that
+        looked only when one reached it could miss a rotation (the kernel may hand every connection to the
+        other worker for a while) and, were the file then left broken, keep a revoked key."""
+        while True:
+            await asyncio.sleep(self.keys.every)
+            self.keys.current()
 
     @property
     def digests(self) -> list[tuple[bytes, frozenset[str] | None]]:
@@ -180,6 +190,8 @@ class ApiKeyGuard:
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
+        if self._following is None and self.keys.path is not None:  # the first call (the worker's lifespan)
+            self._following = asyncio.get_running_loop().create_task(self._follow())
         if scope["type"] != "http" or not self.digests or scope["path"] in self.open:
             await self.app(scope, receive, send)
             return

@@ -340,13 +340,21 @@ def test_the_page_asks_for_the_key_and_keeps_it_in_the_tab(keyed: ServiceServer,
 def test_a_key_rotates_in_the_keys_file_without_a_restart(keyed: ServiceServer) -> None:
     """The file is read again when it changes: the new key works and the removed one is refused within
     5 s, in every worker, while the key kept in the file is never refused; a file left empty mid-rotation
-    changes nothing."""
+    changes nothing. Every worker follows with no request sent to it: one the kernel handed no connection
+    while the file held the rotation, then finding it empty, kept the revoked key (seen once)."""
     keys_file, new = keyed.extra["keys_file"], "rotated-key-" + "k" * 24
     body = json.dumps({"documents": [DOCUMENT], "explain": False}).encode()
     pid = keyed.process.pid
     try:
+        logged = len(keyed.log())
         keys_file.write_text(f"{new}\n{KEYS[1]}\n")  # KEYS[0] rotated out, KEYS[1] kept
-        written, streak, streak_began = time.monotonic(), 0, None
+        written, followed = time.monotonic(), set()
+        while len(followed) < 2 and time.monotonic() - written < 5:  # no request sent meanwhile
+            time.sleep(0.2)
+            read_again = r"HANClassifier:(\d+)\] API keys read again from \S+: 2 key"
+            followed = set(re.findall(read_again, keyed.log()[logged:]))
+        assert len(followed) == 2, f"workers that read the rotated file within 5 s: {sorted(followed)}"
+        streak, streak_began = 0, None
         while streak < 8:  # eight rounds in a row, over fresh connections: both workers have followed
             assert time.monotonic() - written < 30, "the rotation never took hold in every worker"
             began = time.monotonic()
