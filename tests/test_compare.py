@@ -134,11 +134,14 @@ def test_the_command_compares_stored_models_and_keeps_the_result(models: dict[st
     home = tmp_path / "bentoml"
     good = register_model(models["good"], home, "han-cmp")  # the first version: han-cmp:production
     worse = register_model(models["worse"], home, "han-cmp")  # a later fit: served only once promoted
+    data = tmp_path / "reviews.jsonl"  # a file datasets has not cached: it reads it anew
+    data.write_bytes(DATA.read_bytes())
     done = subprocess.run([sys.executable, "-m", "registry.cli", "compare", worse, "han-cmp:production",
-                           "--data", str(DATA), "--json", str(tmp_path / "out.json")],
+                           "--data", str(data), "--json", str(tmp_path / "out.json")],
                           cwd=REPO, env=base_env(home), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "): worse" in done.stdout
+    assert "Generating" not in done.stderr, done.stderr  # no progress bar of datasets' reading the file
     kept = home / "deployments" / "han-cmp" / "comparisons" / f"{worse.split(':')[1]}-vs-{good.split(':')[1]}.json"
     assert json.loads(kept.read_text())["verdict"] == "worse"
     assert json.loads((tmp_path / "out.json").read_text())["new_tag"] == worse

@@ -88,10 +88,17 @@ def read_labelled(data: str | Path, text_column: str | None, label_column: str |
     reads a split (training.sources: Parquet, CSV, JSON Lines, a folder per class, a hub name)."""
     if limit is not None and limit < 1:
         raise CompareError(f"limit must be 1 or more, not {limit}")
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # datasets' "Generating train split" bar: noise before the comparison
     try:
         table = load_source(str(data))
     except DataError as e:
         raise CompareError(str(e)) from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     text_column = text_column or "text"
     label_column = label_column or ("labels" if multi_label and "labels" in table.column_names else "label")
     for column in (text_column, label_column):
