@@ -131,8 +131,11 @@ def deprecated(args: argparse.Namespace) -> list[str]:
                         "leave it out (no explanation is the default)")
         args.explain = None
     if args.old_explain_method is not None:
-        warnings.append(f"--explain-method is deprecated and will be removed in a later release: "
-                        f"write --explain={args.old_explain_method}")
+        method = args.old_explain_method
         if args.explain is not None:
-            args.explain = args.old_explain_method
+            args.explain = method
+            fix = f"write --explain={method}"
+        else:  # as before: the method of an --explain not given, so nothing is explained
+            fix = f"without --explain it explains nothing, as before (--explain={method} explains by {method})"
+        warnings.append(f"--explain-method is deprecated and will be removed in a later release: {fix}")
     return warnings

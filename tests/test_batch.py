@@ -674,5 +674,7 @@ def test_the_flags_of_earlier_releases_work_with_a_one_line_warning(
         flags = [f for f in old if f.startswith("--") and f != "--explain"]
         assert len(warnings) == len(flags) and all(
             w.startswith(f"han-score: warning: {f} is deprecated") for w, f in zip(warnings, flags, strict=True))
+        if "--explain-method" in old:  # the fix it names gives the same output: no --explain, no explanation
+            assert ("write --explain=occlusion" in warnings[0]) == ("--explain" in old), warnings[0]
         assert score(source, tmp_path / f"new{k}.jsonl", tiny_model_dir, *new, "--workers", "1", "--quiet") == 0
         assert read_output(tmp_path / f"old{k}.jsonl") == read_output(tmp_path / f"new{k}.jsonl")
