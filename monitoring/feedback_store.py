@@ -64,8 +64,8 @@ class StoreError(RuntimeError):
 
 
 class RejectedError(ValueError):
-    """A batch broke a rule of the store (an id no prediction has, an empty or too long id, an unknown role):
-    nothing of it was written. ``unknown`` lists the ids that no prediction has, in order."""
+    """A batch broke a rule of the store (an id no prediction has, an empty or too long id or one with a NUL,
+    an unknown role): nothing of it was written. ``unknown`` lists the ids that no prediction has, in order."""
 
     def __init__(self, message: str, unknown: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -143,7 +143,7 @@ class FeedbackStore:
         for request_id, model, role, predictions in answers:
             if role not in ROLES:
                 raise RejectedError(f"role {role!r} is not one of {', '.join(ROLES)}")
-            rows += [(p.id, request_id, model, role, _labels_json(p.labels), p.score, when) for p in predictions]
+            rows += [(_id(p.id), request_id, model, role, _labels_json(p.labels), p.score, when) for p in predictions]
         if rows:
             with self._transaction(write=True) as cur:
                 cur.executemany("INSERT INTO predictions (id, request_id, model, role, labels, score, at) "
@@ -172,7 +172,7 @@ class FeedbackStore:
         when = self._time(at or datetime.now(UTC))
         # Sorted by id (stably: a repeated id still ends with its last labels) so that two transactions
         # upserting the same ids take their row locks in one order and cannot deadlock.
-        rows = sorted(((f.id, _labels_json(f.labels), source, when) for f in items), key=lambda row: row[0])
+        rows = sorted(((_id(f.id), _labels_json(f.labels), source, when) for f in items), key=lambda row: row[0])
         with self._transaction(write=True) as cur:
             cur.executemany(_UPSERT_FEEDBACK, rows)
             missing = self._unknown(cur, [row[0] for row in rows])
@@ -382,6 +382,13 @@ def _postgres(url: str) -> FeedbackStore:
     options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
     options.update({} if "connect_timeout" in url else {"connect_timeout": CONNECT_TIMEOUT_S})
     return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, [password, unquote(password)])
+
+
+def _id(value: str) -> str:
+    """An id as both databases keep it: PostgreSQL's text cannot hold NUL, and SQLite's length() stops at one."""
+    if "\x00" in value:
+        raise RejectedError(f"the id {value[:80]!r} holds the NUL character")
+    return value
 
 
 def _labels_json(labels: Sequence[str]) -> str:

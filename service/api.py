@@ -45,7 +45,10 @@ TEXT_RULE = (
 )
 
 Text = Annotated[str, StringConstraints(strict=True, pattern=HAS_WORDS)]
-DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
+# No NUL character: PostgreSQL's text cannot hold one, and SQLite's length() stops at it, so the feedback
+# store would refuse the id (one pattern in ECMA-262, Python's re and pydantic's own engine alike)
+ID_PATTERN = r"^[^\u0000]*$"
+DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 
 
 class Document(BaseModel):
@@ -54,7 +57,7 @@ class Document(BaseModel):
     model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # python-re: HAS_WORDS looks ahead
 
     id: DocumentId = Field(
-        description=f"The client's id for the document (1 to {MAX_ID_CHARS} characters), returned as its "
+        description=f"The client's id for the document (1 to {MAX_ID_CHARS} characters, no NUL), returned as its "
         "result's id. Not checked for uniqueness: results come back in input order whatever the ids."
     )
     text: Text = Field(description=TEXT_RULE)

@@ -17,17 +17,16 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from monitoring.feedback_store import Feedback, FeedbackStore, RejectedError, StoreError
-from service.api import MAX_ID_CHARS
+from service.api import DocumentId
 from service.way_back import model_facts
 
 MAX_FEEDBACK = 1000  # items per request
 MAX_FEEDBACK_BYTES = 1024 * 1024
 ANSWER_GRACE = 0.3  # seconds an id no answer has yet is waited for (answers reach the store through queues)
-DocumentId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
 
 
 class FeedbackResponse(BaseModel):
@@ -121,6 +120,8 @@ def describe(error: dict[str, Any], labels: list[str] | None) -> str:
         return f"{where}: this field is required"
     if kind == "extra_forbidden":
         return f"{where}: unknown field"
+    if kind == "string_pattern_mismatch" and where.endswith(".id"):
+        return f"{where}: an id cannot hold the NUL character (U+0000)"
     if kind == "json_invalid":
         return f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error['msg'])}"
     return f"{where}: {error['msg']}"
@@ -132,11 +133,14 @@ async def feedback_endpoint(request: Request, writer: Any, request_type: type[Ba
     answering model does not have (the other items are stored either way); 4xx naming any other problem
     of the request (nothing stored); 503 while the store cannot be reached."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FEEDBACK_BYTES:
-            return JSONResponse({"error": f"the request body is larger than the limit of "
-                                          f"{MAX_FEEDBACK_BYTES // 2**20} MB"}, status_code=413)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FEEDBACK_BYTES:
+                return JSONResponse({"error": f"the request body is larger than the limit of "
+                                              f"{MAX_FEEDBACK_BYTES // 2**20} MB"}, status_code=413)
+    except ClientDisconnect:  # gone before its body arrived: nothing stored, no one to answer
+        return Response(status_code=400)
     if not body.strip():
         return JSONResponse({"error": 'the request body is empty; send {"feedback": [{"id": "...", '
                                       '"label": "..."}]}'}, status_code=400)

@@ -67,6 +67,8 @@ def describe_error(error: dict[str, Any]) -> tuple[int, str]:
     if in_document and len(loc) == 2 and kind == "model_type":
         shape = 'a string or an object {"id": ..., "text": ...}'
         return 422, f"{where}: a document must be {shape}, not {_json_kind(value)}"
+    if in_document and loc[2:] == ("id",) and kind == "string_pattern_mismatch":
+        return 422, f"{where}: an id cannot hold the NUL character (U+0000)"
     if in_document and kind == "string_pattern_mismatch":
         return 422, f"{where}: {_blank_reason(value)}"
     if in_document and kind == "string_type":

@@ -23,7 +23,7 @@ from typing import Any
 
 import han
 from model_store.production import deployment_dir
-from monitoring.feedback_store import FeedbackStore, Prediction, StoreError, open_store, redact
+from monitoring.feedback_store import FeedbackStore, Prediction, RejectedError, StoreError, open_store, redact
 from monitoring.inference_log import InferenceLog, LogSettings
 from monitoring.profiles import model_facts as read_model_facts
 from monitoring.report import expected_right, ks_distance, realised_right
@@ -64,7 +64,7 @@ class Metrics:
         self.right = Counter("han_feedback_correct", "... how right the answers were (a share for multi-label)",
                              ["model"])
         self.dropped = Counter("han_feedback_store_dropped", "Answers not recorded in the feedback store (its "
-                               "queue was full)")
+                               "queue was full, or it refused the row)")
         self.shift = Gauge("han_input_shift", "Kolmogorov-Smirnov distance of the last documents' length or "
                            "unknown-word share from the training profile's", ["model", "feature"],
                            multiprocess_mode="max")
@@ -83,6 +83,7 @@ class StoreWriter:
         self._idle = threading.Event()
         self._idle.set()
         self._pruned = 0.0
+        self._refused_at = 0.0
         threading.Thread(target=self._write, name="han-feedback-store", daemon=True).start()
 
     @property
@@ -128,7 +129,7 @@ class StoreWriter:
                     break
             while True:
                 try:
-                    self.store.record_many(batch)
+                    self._record(batch)
                     self._retain()
                     break
                 except Exception as e:  # the store is down: keep the rows, try again after a pause
@@ -142,6 +143,31 @@ class StoreWriter:
                     time.sleep(RETRY_SECONDS)
             if self._queue.empty():
                 self._idle.set()
+
+    def _record(self, batch: list[tuple[str, str, str, list[Prediction]]]) -> None:
+        """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
+        then each document is written on its own, and those refused are dropped, counted and named (once
+        a minute at most), so that one bad row never holds back the answers queued behind it."""
+        try:
+            self.store.record_many(batch)
+            return
+        except RejectedError:
+            pass
+        for request_id, tag, role, predictions in batch:
+            try:
+                self.store.record_many([(request_id, tag, role, predictions)])
+                continue
+            except RejectedError:
+                pass
+            for prediction in predictions:
+                try:
+                    self.store.record_many([(request_id, tag, role, [prediction])])
+                except RejectedError as e:
+                    self._dropped().inc()
+                    if time.monotonic() - self._refused_at > 60:
+                        self._refused_at = time.monotonic()
+                        logger.error("the feedback store refused the answer to id %r (request %s), not recorded: %s",
+                                     prediction.id[:80], request_id, str(e).splitlines()[0])
 
     def _retain(self) -> None:
         if time.monotonic() - self._pruned > RETENTION_EVERY:

@@ -125,7 +125,34 @@ def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
         store.record_predictions("req-2", MODEL, predictions("d", "e", ""))
     with pytest.raises(RejectedError, match="role"):
         store.record_predictions("req-2", MODEL, predictions("d"), role="canary")
+    for bad in ("\x00", "f\x00g"):  # PostgreSQL's text cannot hold NUL; SQLite's length() stops at it
+        with pytest.raises(RejectedError, match="NUL"):
+            store.record_predictions("req-2", MODEL, predictions("d", bad))
+        with pytest.raises(RejectedError, match="NUL"):
+            store.add_feedback([Feedback("a", ["pos"]), Feedback(bad, ["pos"])])
     assert store.unknown(["d", "e"]) == ["d", "e"]
+
+
+def test_a_row_the_store_refuses_never_holds_back_the_answers_behind_it(url: str, tmp_path: Path) -> None:
+    """A serving worker's writer: a batch with a row the store refuses is written answer by answer and
+    document by document, the refused row dropped and counted, and what was queued after it written."""
+    from service.way_back import StoreWriter
+
+    class Count:
+        value = 0
+
+        def inc(self, n: int = 1) -> None:
+            Count.value += n
+
+    writer = StoreWriter(url, tmp_path / "unused.db", 90, Count)
+    writer.put([("req-1", MODEL, "production", predictions("a", "\x00", "b")),
+                ("req-2", MODEL, "production", predictions("c"))])
+    assert writer.flush(30)
+    writer.put([("req-3", MODEL, "production", predictions("d"))])
+    assert writer.flush(30)
+    with open_store(url, tmp_path / "unused.db") as store:
+        assert store.unknown(["a", "b", "c", "d"]) == []
+    assert Count.value == 1
 
 
 def test_durable_across_a_restart(url: str, tmp_path: Path) -> None:

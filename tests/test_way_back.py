@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -192,6 +193,18 @@ def test_feedback_is_kept_across_a_restart_and_refused_for_unknown_ids(loop: dic
                                                                     {"id": "r0", "label": "maybe"}]})
         assert status == 422 and "feedback[1]: 'maybe' is not a label" in body["error"], body
         assert body["stored"] == 1 and body["refused"] == [1]  # the good item is kept
+        # an id no store can keep (PostgreSQL's text holds no NUL) is refused where it comes in
+        status, body = post(server.url, "/classify", {"documents": [{"id": "\u0000", "text": "A fine film."}]})
+        assert status == 422 and body["error"] == "documents[0].id: an id cannot hold the NUL character (U+0000)"
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "a\u0000", "label": "pos"}]})
+        assert status == 422 and body["error"] == "feedback[0].id: an id cannot hold the NUL character (U+0000)"
+        for path in ("/feedback", "/classify"):  # a client gone before its body arrived leaves no traceback
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: 100\r\n\r\n{\"feedback\": [".encode())
+                time.sleep(0.5)
+        status, _ = post(server.url, "/feedback", {"feedback": [{"id": "r0", "label": "pos"}]})
+        assert status == 200
         with urllib.request.urlopen(server.url + "/monitor?since=1h", timeout=60) as response:
             assert response.status == 200
         try:
@@ -201,6 +214,7 @@ def test_feedback_is_kept_across_a_restart_and_refused_for_unknown_ids(loop: dic
             assert e.code == 422 and "since" in json.loads(e.read())["error"]
     finally:
         server.stop()
+    assert "Traceback" not in server.log.read_text()
     from monitoring.feedback_store import open_store
 
     with open_store(None, home / "deployments" / NAME / "feedback.sqlite3") as store:
