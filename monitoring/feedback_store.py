@@ -213,6 +213,16 @@ class FeedbackStore:
             cur.execute(f"SELECT id, labels FROM feedback{where}", [v for _, v in bounds])
             return {i: _labels(labels) for i, labels in cur.fetchall()}
 
+    def feedback_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
+        """The feedback stored so far for each of ``ids`` that has one."""
+        wanted, found = list(dict.fromkeys(ids)), {}
+        with self._transaction(write=False) as cur:
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start:start + _CHUNK]
+                cur.execute(f"SELECT id, labels FROM feedback WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+                found.update((i, _labels(labels)) for i, labels in cur.fetchall())
+        return found
+
     def forget_predictions(self, before: datetime) -> int:
         """Delete the predictions made before ``before`` that no feedback names (the table would otherwise grow
         a row a document forever); returns how many."""

@@ -30,7 +30,8 @@ ANSWER_GRACE = 0.3  # seconds an id no answer has yet is waited for (answers rea
 
 
 class FeedbackResponse(BaseModel):
-    stored: int = Field(description="How many items were stored (a later feedback for an id replaces the earlier).")
+    stored: int = Field(description="How many documents' labels were stored (a later feedback for an id replaces "
+                        "the earlier; an id given twice in a request keeps its last item).")
     unknown: list[str] = Field(default_factory=list, description="Ids no classified document has (a 404 lists them).")
 
 
@@ -71,10 +72,11 @@ def truth(item: Any) -> list[str]:
 
 def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, flush: Callable[[float], bool],
                    served_labels: list[str] | None) -> tuple[FeedbackResponse, dict[str, tuple[str, list[str]]],
-                                                             list[tuple[int, str]]]:
-    """Store each item whose id was answered and whose labels are the answering version's (one transaction);
-    returns what was stored with the ids no answer has, the answers found (id: model, labels), and the
-    items refused for their labels (index, why)."""
+                                                             list[tuple[int, str]], dict[str, list[str]]]:
+    """Store each item whose id was answered and whose labels are the answering version's (one transaction;
+    an id given twice keeps its last item); returns what was stored with the ids no answer has, the answers
+    found (id: model, labels), the items refused for their labels (index, why), and the stored labels that
+    are new for their id (none before, or others: what /metrics counts, so a label sent again is not)."""
     ids = [item.id for item in items]
     answered = store.latest_predictions(ids)
     deadline = time.monotonic() + ANSWER_GRACE
@@ -94,8 +96,12 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
                                f"{', '.join(known or [])})"))
         else:
             keep.append(Feedback(item.id, truth(item)))
-    stored = store.add_feedback(keep, source=source) if keep else 0
-    return FeedbackResponse(stored=stored, unknown=unknown), answered, refused
+    latest = {f.id: f.labels for f in keep}
+    before = store.feedback_of(list(latest)) if keep else {}
+    if keep:
+        store.add_feedback(keep, source=source)
+    new = {i: labels for i, labels in latest.items() if before.get(i) != labels}
+    return FeedbackResponse(stored=len(latest), unknown=unknown), answered, refused, new
 
 
 def unknown_message(unknown: list[str], stored: int) -> str:
@@ -155,14 +161,13 @@ async def feedback_endpoint(request: Request, writer: Any, request_type: type[Ba
     source = request.headers.get("x-feedback-source")
     try:
         store = await anyio.to_thread.run_sync(lambda: writer.store)
-        answer, answered, refused = await anyio.to_thread.run_sync(
+        answer, answered, refused, new = await anyio.to_thread.run_sync(
             store_feedback, store, items, source, writer.flush, labels)
     except RejectedError as e:  # an answer deleted meanwhile (retention): as unknown
         return JSONResponse({"error": f"feedback: {e}", "stored": 0, "unknown": e.unknown}, status_code=404)
     except StoreError as e:
         return JSONResponse({"error": f"feedback was not stored: {e}"}, status_code=503)
-    stored = {f.id for k, f in enumerate(items) if f.id in answered and k not in dict(refused)}
-    counted({i: answered[i] for i in stored}, {f.id: truth(f) for f in items})
+    counted({i: answered[i] for i in new}, new)
     if refused:
         k, why = refused[0]
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""

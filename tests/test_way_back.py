@@ -49,6 +49,13 @@ def post(url: str, path: str, payload: dict, key: str | None = None) -> tuple[in
         return e.code, json.loads(e.read())
 
 
+def feedback_counted(url: str) -> float:
+    """``han_feedback_total`` in /metrics, summed over versions."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("han_feedback_total{"))
+
+
 def model_of(url: str) -> str:
     with urllib.request.urlopen(url + "/model", timeout=30) as response:
         return json.loads(response.read())["tag"]
@@ -205,6 +212,15 @@ def test_feedback_is_kept_across_a_restart_and_refused_for_unknown_ids(loop: dic
                 time.sleep(0.5)
         status, _ = post(server.url, "/feedback", {"feedback": [{"id": "r0", "label": "pos"}]})
         assert status == 200
+        # /metrics counts a document's label once: not again when sent again, never a refused one
+        before = feedback_counted(server.url)  # r200: answered, no feedback yet
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "r200", "label": "neg"},
+                                                                    {"id": "r200", "label": "maybe"}]})
+        assert status == 422 and body["stored"] == 1 and feedback_counted(server.url) == before + 1
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "r200", "label": "neg"}] * 2})
+        assert status == 200 and body["stored"] == 1 and feedback_counted(server.url) == before + 1
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "r200", "label": "pos"}]})
+        assert status == 200 and feedback_counted(server.url) == before + 2  # a corrected label counts again
         with urllib.request.urlopen(server.url + "/monitor?since=1h", timeout=60) as response:
             assert response.status == 200
         try:
