@@ -199,16 +199,18 @@ class Pipeline:
         segmented = (
             self.segment(documents) if progress is None else _told(self.segmenter.segment_many(documents), progress)
         )
+        cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
         for i, segment in zip(valid, segmented, strict=True):
             if not segment.is_empty:
                 kept.append(i)
                 segments.append(segment)
-            elif errors == "raise":
-                raise InvalidDocumentError(offset + i, EMPTY_REASON)
-            else:
-                out[i] = DocumentError(offset + i, EMPTY_REASON)
+                continue
+            reason = EMPTY_REASON if len(texts[i]) <= cap else f"the document has no word within its first {cap:,} " \
+                "characters, where the model stops reading"  # type: ignore[arg-type]
+            if errors == "raise":
+                raise InvalidDocumentError(offset + i, reason)
+            out[i] = DocumentError(offset + i, reason)
         head = self.saved.ngrams
-        cap = self.saved.segmenter.max_chars  # the head reads what the HAN reads, no more
         # the head reads each text once: its probabilities and, to explain, its evidence
         reading = None if head is None else head.read((texts[i][:cap] for i in kept), evidence=method is not None)  # type: ignore[index]
         head_probs = None if reading is None else reading.probs

@@ -78,14 +78,16 @@ def test_multi_label_models_return_every_label_over_the_threshold() -> None:
 
 
 def test_with_errors_returned_a_bad_document_gets_an_error_in_its_place(pipeline: Pipeline) -> None:
-    results = pipeline(["Superb.", "", None, "<br />", "Awful."], errors="return")
+    cap = pipeline.saved.segmenter.max_chars
+    results = pipeline(["Superb.", "", None, "<br />", "Awful.", "<br>" * cap + " Superb."], errors="return")
     assert [type(r).__name__ for r in results] == ["DocumentResult", "DocumentError", "DocumentError",
-                                                   "DocumentError", "DocumentResult"]
+                                                   "DocumentError", "DocumentResult", "DocumentError"]
     errors = [r for r in results if isinstance(r, DocumentError)]
     assert [(e.index, e.reason) for e in errors] == [
         (1, "the document is empty or whitespace only"),
         (2, "the text is missing (null)"),
         (3, "the document has no words (only whitespace or markup)"),
+        (5, f"the document has no word within its first {cap:,} characters, where the model stops reading"),
     ]
     assert [r.label for r in results if not isinstance(r, DocumentError)] == ["pos", "neg"]
 
