@@ -40,6 +40,7 @@ from service.guard import RequestGuard, error_response
 from service.models import ModelFollower, Served, count_documents, load_served
 from service.monitor_page import monitor_endpoint
 from service.pages import make_pages
+from service.plain_errors import JsonRefusals
 from service.settings import Settings
 from service.way_back import WayBack
 
@@ -248,3 +249,4 @@ class HANClassifier:
 HANClassifier.add_asgi_middleware(SpreadConnections, requests=SETTINGS.requests_per_connection)
 HANClassifier.add_asgi_middleware(ApiKeyGuard, settings=SETTINGS)
 HANClassifier.add_asgi_middleware(RequestGuard)  # after the key check: a caller without a key is not read
+HANClassifier.add_asgi_middleware(JsonRefusals)  # the router's plain 404 and 405 as {"error": ...}

@@ -314,7 +314,7 @@ BAD_BODIES = [
         "no word within the caps",
         json.dumps({"documents": ["fine", {"id": "late", "text": " " * 100_000 + "word"}]}).encode(),
         422,
-        "documents[1].text: the document has no words",
+        "documents[1].text: the document has no word within its first 100,000 characters",
     ),
     (  # over a megabyte: checked in a thread, not on the event loop
         "megabytes of markup",
@@ -351,6 +351,15 @@ def test_bad_input_gets_a_4xx_naming_the_problem(server, body, status, message):
     error = json.loads(raw)["error"]
     assert message in error
     assert "Traceback" not in error
+
+
+def test_an_unknown_path_or_a_method_a_route_does_not_take_is_refused_in_the_api_shape(server):
+    for method, path, status, message in (("GET", "/classify", 405, "GET is not allowed on /classify (it takes POST"),
+                                          ("POST", "/model", 405, "POST is not allowed on /model"),
+                                          ("GET", "/no-such-page", 404, "no such path: /no-such-page")):
+        got, headers, raw = server.request(method, path)
+        assert got == status and headers["content-type"] == "application/json", raw[:300]
+        assert json.loads(raw)["error"].startswith(message), raw[:300]
 
 
 def test_a_body_over_the_size_limit_is_refused_without_reading_it(server):
