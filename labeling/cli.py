@@ -141,6 +141,13 @@ def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
         raise LabelError(f"{flag} {path}: folder {path.parent} does not exist")
 
 
+def _not_an_input(out: Path, flag: str, inputs: list[tuple[str, str]]) -> None:
+    """Refuse an output that is one of the command's inputs: writing it would destroy what it reads."""
+    for what, path in inputs:
+        if out.resolve() == Path(path).resolve():
+            raise LabelError(f"{flag} {out}: is {what}; writing there would overwrite it: choose another file")
+
+
 # -- next ------------------------------------------------------------------------------------------
 def run_next(args: argparse.Namespace) -> int:
     """``han-label next``: score the pool, choose, write the tasks (atomically); 0 on success."""
@@ -148,6 +155,8 @@ def run_next(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _check_out(out, OUTPUTS, "--out")
+    inputs = [] if args.source.startswith("log:") else [("the pool", args.source)]
+    _not_an_input(out, "--out", [*inputs, *(("a --labelled file", p) for p in args.labelled)])
     scorers = pools.Scorers((pools.default_workers() if args.workers is None else args.workers) - 1)
     try:
         _next(args, out, scorers)
@@ -330,10 +339,19 @@ def _atomic(path: Path, write: Callable[[IO[str]], Any]) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             write(f)
+        _as_created(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _as_created(path: str) -> None:
+    """The mode a file opened for writing gets (0666 less the umask), not mkstemp's 0600: the queue and the
+    labelled file are read by others (Label Studio's service, the next fit's user)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 # -- import ----------------------------------------------------------------------------------------
@@ -342,6 +360,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     _check_out(out, IMPORT_OUTPUTS, "OUT")
+    _not_an_input(out, "OUT", [("the export", args.export)])
     _, _, saved = _model(args.model)
     labels, multi = saved.labels, saved.config.multi_label
     export = Path(args.export)
@@ -388,6 +407,7 @@ def _write_rows(out: Path, rows: list[dict[str, Any]], multi: bool) -> None:
         os.close(fd)
         try:
             pq.write_table(pa.Table.from_pylist(rows), tmp)
+            _as_created(tmp)
             os.replace(tmp, out)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -120,6 +120,21 @@ def test_next_leaves_out_what_is_labelled_and_writes_json_lines(pool: Path, tiny
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         f"han-label: error: {pool}: 8 unlabelled documents, fewer than --n 9")
+    assert out.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as any file the user writes, not mkstemp's 0600
+    # an --out that is one of the inputs is refused before anything is read, and the input is kept whole
+    for target, what in ((labelled, "a --labelled file"), (pool, "the pool")):
+        before = target.read_bytes()
+        clash = han_label("next", str(pool), "--n", "2", "--out", str(target), "--model", str(tiny_model_dir),
+                          "--labelled", str(labelled))
+        assert clash.returncode == 2 and clash.stderr.strip().splitlines()[-1] == (
+            f"han-label: error: --out {target}: is {what}; writing there would overwrite it: choose another file")
+        assert target.read_bytes() == before
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_next_holds_out_a_random_share_that_import_keeps_and_the_fit_validates_on(
