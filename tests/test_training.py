@@ -163,8 +163,17 @@ def test_an_unknown_champion_stops_the_fit_before_it_trains(tmp_path: Path, caps
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path) -> None:
+def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     root = fit(tmp_path)
+    for subcommand in ("predict", "test"):  # without a model to run: one line, and the run's files left alone
+        with pytest.raises(SystemExit) as exit_info:
+            main([subcommand, "--config", SMOKE, "--trainer.default_root_dir", str(root),
+                  "--data.cache_dir", str(tmp_path / "cache")])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+            f"han-train: error: han-train {subcommand} needs the model to {subcommand}: --ckpt_path")
+    assert not (root / "predictions").exists()
     main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root),
           "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
     lines = rows(root / "predictions" / "test.jsonl")

@@ -76,6 +76,10 @@ class HANCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        if self.subcommand != "fit" and not config.get("ckpt_path") and not config.model.get("init_from"):
+            # Lightning would run the freshly initialised network and write its guesses over a run's reports
+            raise DataError(f"han-train {self.subcommand} needs the model to {self.subcommand}: --ckpt_path "
+                            "(runs/NAME/checkpoints/last.ckpt, or a model's checkpoint) or --model.init_from")
         before = dict(config.clone().items()) if self.print_flags is not None else {}  # to mark what it fills
         lines = recipe.apply(config, self.subcommand)
         for line in lines if self.print_flags is None else []:  # else in the printed config's header
