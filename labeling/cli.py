@@ -253,7 +253,7 @@ def _since(value: str | None) -> Any:
 def _labelled_file(path: str, text_column: str) -> tuple[set[str], set[str]]:
     from labeling import pool as pools
 
-    labelled = pools.open_file(path, text_column, None, None)
+    labelled = pools.open_file(path, text_column, None, None, text_fallback="text")  # han-label import's column
     ids, hashes = set(), set()
     for batch in labelled.table.iter(batch_size=pools.WINDOW):
         ids.update(d for d in batch["id"] if d and not d.startswith("row-"))

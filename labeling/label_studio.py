@@ -79,7 +79,10 @@ def read_export(path: Path, labels: list[str], multi_label: bool) -> Labelled:
     if path.suffix.lower() == ".csv":
         records = _csv_records(path)
         return _from_min(path, records, labels, multi_label, row_word="row", first=2)
-    raw = path.read_text(encoding="utf-8")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); Label Studio exports UTF-8") from None
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:

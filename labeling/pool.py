@@ -44,8 +44,10 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def open_file(source: str, text_column: str, id_column: str | None, label_column: str | None) -> Pool:
-    """A file or folder han-train reads; ids from ``id_column`` (else a column named id, else row-N)."""
+def open_file(source: str, text_column: str, id_column: str | None, label_column: str | None,
+              text_fallback: str | None = None) -> Pool:
+    """A file or folder han-train reads; ids from ``id_column`` (else a column named id, else row-N); the
+    text from ``text_column``, else ``text_fallback`` where the file has that column instead."""
     from pathlib import Path
 
     from scoring.read import quiet_datasets
@@ -60,6 +62,8 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     except DataError as e:
         raise PoolError(str(e)) from None
     columns = table.column_names
+    if text_column not in columns and text_fallback in columns:
+        text_column = text_fallback
     if text_column not in columns:
         raise PoolError(f"{source}: no column {text_column!r} (columns: {', '.join(columns)}): see --text-column")
     if id_column is not None and id_column not in columns:

@@ -61,6 +61,8 @@ def choose(strategy: str, n: int, probs: np.ndarray, vectors: np.ndarray | None 
     rows = np.arange(size)
     if n == size:
         return rows
+    if n <= 0:  # han-label's --holdout may draw all N at random, leaving none to the strategy
+        return rows[:0]
     if strategy == "random":
         state = np.random.get_state()
         np.random.seed(seed)  # small-text samples with numpy's global generator

@@ -36,6 +36,9 @@ def test_uncertainty_chooses_the_smallest_margins_and_random_is_reproducible() -
     assert list(choose("random", 20, probs, seed=3)) != list(choose("random", 20, probs, seed=4))
     with pytest.raises(ValueError, match="fewer than the 501"):
         choose("uncertainty", 501, probs)
+    vectors = rng.normal(size=(500, 4)).astype(np.float32)
+    for strategy in ("uncertainty", "diverse", "random"):  # han-label's holdout may leave the strategy none
+        assert choose(strategy, 0, probs, vectors).tolist() == []
 
 
 def test_diverse_chooses_uncertain_documents_from_different_clusters() -> None:
@@ -129,6 +132,24 @@ def test_next_leaves_out_what_is_labelled_and_writes_json_lines(pool: Path, tiny
         assert clash.returncode == 2 and clash.stderr.strip().splitlines()[-1] == (
             f"han-label: error: --out {target}: is {what}; writing there would overwrite it: choose another file")
         assert target.read_bytes() == before
+
+
+def test_next_reads_a_labelled_file_by_its_text_column_when_the_pool_has_another(
+    pool: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """han-label import writes a text column; a pool read with --text-column body still leaves its rows out
+    (and a holdout of all N, 0.9 of 3, leaves the strategy none to choose)."""
+    rows = [json.loads(line) for line in pool.read_text().splitlines()]
+    body = tmp_path / "body.jsonl"
+    body.write_text("".join(json.dumps({"id": r["id"], "body": r["text"]}) + "\n" for r in rows))
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps({"id": r["id"], "text": r["text"], "label": "pos"}) + "\n"
+                                for r in rows[:-3]))
+    out = tmp_path / "queue.jsonl"
+    done = han_label("next", str(body), "--text-column", "body", "--n", "3", "--out", str(out),
+                     "--model", str(tiny_model_dir), "--labelled", str(labelled), "--holdout", "0.9")
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(r["id"] for r in rows[-3:])
 
 
 def _umask() -> int:
@@ -316,6 +337,7 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
     ('{"tasks": []}', "not a Label Studio export (a JSON list of tasks), but a JSON dict"),
     ('[{"id": 1, "text": "An apple.", "label": "fruit"}]', "its labels (fruit) are none of the model's (neg, pos): "
                                                           "an export of another project?"),
+    ('[{"id": 1, "text": "caf\xff"}]', "not UTF-8 text (byte 23: invalid start byte); Label Studio exports UTF-8"),
     ('[{"id": 1, "data": {"body": "x"}, "annotations": []}]', "item 1: a task without data.text: not an export of "
                                                               "han-label's tasks"),
     ('[{"id": 1, "text": "Good.", "sentiment": "pos"}]', "no item has a 'label' field (fields: id, text, sentiment): "
@@ -326,7 +348,7 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
 def test_import_refuses_a_bad_export_in_one_line_and_writes_nothing(content: str, message: str,
                                                                     tiny_model_dir: Path, tmp_path: Path) -> None:
     export = tmp_path / "export.json"
-    export.write_text(content)
+    export.write_bytes(content.encode("latin-1"))  # "\xff": a byte no UTF-8 text holds
     out = tmp_path / "labelled.jsonl"
     done = han_label("import", str(export), str(out), "--model", str(tiny_model_dir))
     assert done.returncode == 2
