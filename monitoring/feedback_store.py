@@ -47,16 +47,26 @@ CREATE TABLE IF NOT EXISTS feedback (
   id TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND {max_id}),
   labels {json} NOT NULL,
   source TEXT,
-  at {time} NOT NULL
+  at {time} NOT NULL,
+  judged_seq {int}
 )
 """
 _TYPES = {
-    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "json": "TEXT", "time": "TEXT", "real": "REAL"},
+    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "json": "TEXT", "time": "TEXT", "real": "REAL",
+               "int": "INTEGER"},
     "postgresql": {"seq": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "json": "JSONB",
-                   "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION"},
+                   "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION", "int": "BIGINT"},
 }
-_UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
-                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at")
+# A feedback judges the answer its id had when it was given: production's last (judged_seq). A store made
+# before the column has none in its old rows, which judge their id's last production answer, as they did.
+_UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT MAX(seq) "
+                    "FROM predictions WHERE id = ? AND role = 'production')) ON CONFLICT (id) DO UPDATE "
+                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
+                    "judged_seq = excluded.judged_seq")
+# (id, request_id) of the answer each feedback judges: production's answer and the shadow's copy of it
+_JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
+           "q.role = 'production' ORDER BY q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
+           "LEFT JOIN predictions p ON p.seq = f.judged_seq")
 
 
 class StoreError(RuntimeError):
@@ -127,6 +137,12 @@ class FeedbackStore:
                 cur.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
             for statement in _SCHEMA.format(max_id=MAX_ID_LENGTH, **_TYPES[dialect]).split(";"):
                 cur.execute(statement)
+            if dialect == "postgresql":  # a store made before judged_seq
+                cur.execute(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS judged_seq {_TYPES[dialect]['int']}")
+            else:
+                cur.execute("PRAGMA table_info(feedback)")
+                if "judged_seq" not in {row[1] for row in cur.fetchall()}:
+                    cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {_TYPES[dialect]['int']}")
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
                            role: str = "production", at: datetime | None = None) -> int:
@@ -172,7 +188,7 @@ class FeedbackStore:
         when = self._time(at or datetime.now(UTC))
         # Sorted by id (stably: a repeated id still ends with its last labels) so that two transactions
         # upserting the same ids take their row locks in one order and cannot deadlock.
-        rows = sorted(((_id(f.id), _labels_json(f.labels), source, when) for f in items), key=lambda row: row[0])
+        rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id) for f in items), key=lambda row: row[0])
         with self._transaction(write=True) as cur:
             cur.executemany(_UPSERT_FEEDBACK, rows)
             missing = self._unknown(cur, [row[0] for row in rows])
@@ -184,20 +200,24 @@ class FeedbackStore:
     def joined(self, since: datetime | None = None, until: datetime | None = None, model: str | None = None,
                role: str | None = None, latest: bool = True, labelled_only: bool = False) -> list[LabelledPrediction]:
         """Predictions made in [since, until) (by ``model``, in ``role``: all when None) with their feedback,
-        oldest first. ``latest`` keeps one prediction per id and role, the window's last: a reused id is
-        judged on the answer given last."""
+        oldest first. A feedback belongs to the answer it judged: production's last answer to its id when
+        the feedback was given, and the shadow's answer to the same request; a reused id's other answers
+        have none. ``latest`` keeps one prediction per id and role: the judged one, else the window's last."""
         conditions, params = [], []
         for clause, value in (("at >= ?", since), ("at < ?", until), ("model = ?", model), ("role = ?", role)):
             if value is not None:
                 conditions.append(clause)
                 params.append(self._time(value) if isinstance(value, datetime) else value)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        last = " JOIN (SELECT MAX(seq) AS seq FROM w GROUP BY id, role) l ON l.seq = w.seq" if latest else ""
+        last = (" JOIN (SELECT COALESCE(MAX(CASE WHEN judged = 1 THEN seq END), MAX(seq)) AS seq FROM v "
+                "GROUP BY id, role) l ON l.seq = v.seq") if latest else ""
         join = "JOIN" if labelled_only else "LEFT JOIN"
         with self._transaction(write=False) as cur:
-            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}) SELECT w.id, w.request_id, w.model, w.role, "
-                        f"w.labels, w.score, w.at, f.labels, f.source, f.at FROM w{last} {join} feedback f "
-                        f"ON f.id = w.id ORDER BY w.seq", params)
+            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({_JUDGED}), v AS (SELECT w.*, CASE "
+                        f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
+                        f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
+                        f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "
+                        f"v.judged = 1 ORDER BY v.seq", params)
             rows = cur.fetchall()
         return [LabelledPrediction(i, request, tag, role_, _labels(predicted), score, _from_db(at),
                                    None if fed is None else _labels(fed), source, None if fed_at is None

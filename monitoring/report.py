@@ -114,19 +114,20 @@ def _labels_test(counts: Mapping[str, int], reference: Mapping[str, float] | Non
 
 def version_report(
     records: list[Mapping[str, Any]],
-    feedback: Mapping[str, Sequence[str]],
+    feedback: Mapping[tuple[str, str], Sequence[str]],
     profile: Mapping[str, Any] | None,
     labels: Sequence[str],
     multi_label: bool,
 ) -> dict[str, Any]:
-    """The report on one version's records (one role), ``feedback`` mapping a document id to its true labels."""
+    """The report on one version's records (one role), ``feedback`` mapping the (id, request_id) of each answer a
+    feedback judged to its true labels (a reused id's other answers are not judged by it)."""
     counts: dict[str, int] = {}
     for r in records:
         counts[r["label"]] = counts.get(r["label"], 0) + 1
     n = len(records)
     expected = [expected_right(r, profile, multi_label) for r in records]
-    labelled = [(r, e) for r, e in zip(records, expected, strict=True) if r["id"] in feedback]
-    right = [realised_right(r, feedback[r["id"]], labels, multi_label) for r, _ in labelled]
+    labelled = [(r, e) for r, e in zip(records, expected, strict=True) if (r["id"], r.get("request_id")) in feedback]
+    right = [realised_right(r, feedback[r["id"], r.get("request_id")], labels, multi_label) for r, _ in labelled]
     shift = {
         "words": _ks([r["words"] for r in records], (profile or {}).get("words")),
         "oov": _ks([r["oov"] for r in records], (profile or {}).get("oov"), OOV_POINTS),
@@ -157,7 +158,7 @@ def version_report(
 
 def report(
     records: Iterable[Mapping[str, Any]],
-    feedback: Mapping[str, Sequence[str]],
+    feedback: Mapping[tuple[str, str], Sequence[str]],
     models: Mapping[str, tuple[Mapping[str, Any] | None, Sequence[str], bool]],
 ) -> list[dict[str, Any]]:
     """One report per (version, role) in the records, in order of first appearance. ``models`` maps a tag
@@ -180,7 +181,7 @@ def _seconds(stamp: str) -> float:
 
 def series(
     records: Sequence[Mapping[str, Any]],
-    feedback: Mapping[str, Sequence[str]],
+    feedback: Mapping[tuple[str, str], Sequence[str]],
     profile: Mapping[str, Any] | None,
     labels: Sequence[str],
     multi_label: bool,

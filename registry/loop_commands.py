@@ -84,8 +84,10 @@ def default_store(name: str) -> Path:
     return deployment_dir(name) / "feedback.sqlite3"
 
 
-def feedback_map(name: str, url: str | None, since: datetime | None, until: datetime | None) -> dict[str, list[str]]:
-    """Each document id with feedback (its predictions made in the window) -> its true labels."""
+def feedback_map(name: str, url: str | None, since: datetime | None,
+                 until: datetime | None) -> dict[tuple[str, str], list[str]]:
+    """(id, request_id) of each answer made in the window that a feedback judged -> its true labels: a reused
+    id's other answers have none (monitoring.feedback_store's ``joined``)."""
     from monitoring.feedback_store import open_store
 
     path = default_store(name)
@@ -93,7 +95,7 @@ def feedback_map(name: str, url: str | None, since: datetime | None, until: date
         return {}
     with open_store(url, path) as store:
         rows = store.joined(since=since, until=until, labelled_only=True)
-    return {row.id: row.feedback for row in rows if row.feedback is not None}
+    return {(row.id, row.request_id): row.feedback for row in rows if row.feedback is not None}
 
 
 def logged(
@@ -190,6 +192,7 @@ def export_log(args: argparse.Namespace) -> int:
     roles = None if args.role == "all" else [args.role]
     feedback = feedback_map(name, store_url(args), since, until)
     latest: dict[str, dict[str, Any]] = {}
+    judged: dict[str, dict[str, Any]] = {}  # an id's answer that its feedback judged, where it has one
     per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
     for record in logged(name, since, until, roles):
         if "text" not in record:
@@ -198,10 +201,15 @@ def export_log(args: argparse.Namespace) -> int:
             )
         tag, labels = record["model"], record.get("labels") or []
         per_label[tag] = per_label.get(tag, False) or len(labels) != 1 or _per_label_scores(record.get("scores"))
+        row = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
+        if (record["id"], record.get("request_id")) in feedback:
+            judged[record["id"]] = row | {"truth": feedback[record["id"], record.get("request_id")]}
         latest.pop(record["id"], None)  # a reused id: the last answer, in its place in time
-        latest[record["id"]] = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
+        latest[record["id"]] = row
+    # a reused id with feedback: the answer it judged (its text is what was labelled), not a later one
+    latest = {doc_id: judged.get(doc_id, r) for doc_id, r in latest.items()}
     if args.labelled_only:
-        latest = {doc_id: r for doc_id, r in latest.items() if doc_id in feedback}
+        latest = {doc_id: r for doc_id, r in latest.items() if "truth" in r}
     if not latest:
         raise CommandError(
             f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"
@@ -210,9 +218,9 @@ def export_log(args: argparse.Namespace) -> int:
     if multi and out.suffix == ".csv":
         raise CommandError(f"{out}: {name} is multi-label, and a CSV cell cannot hold a list of labels that "
                            "han-train reads: write .jsonl or .parquet")
-    rows = [export_row(doc_id, record, feedback.get(doc_id), multi) for doc_id, record in latest.items()]
+    rows = [export_row(doc_id, record, record.get("truth"), multi) for doc_id, record in latest.items()]
     _write(rows, out)
-    labelled = sum(1 for doc_id in latest if doc_id in feedback)
+    labelled = sum(1 for r in latest.values() if "truth" in r)
     column = "labels" if multi else "label"
     print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}; label column: {column}")
     return 0

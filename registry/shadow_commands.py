@@ -87,7 +87,8 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
     shadowed: dict[tuple[str, str], dict[str, Any]] = {}
     for record in logged(name, since, until, drop=("text", "text_sha256")):
         key = (str(record.get("request_id")), str(record["id"]))
-        answer = {"id": record["id"], "model": record["model"], "labels": record.get("labels") or []}
+        answer = {"id": record["id"], "request_id": key[0], "model": record["model"],
+                  "labels": record.get("labels") or []}
         if record.get("role") == "shadow" and record["model"] == challenger:
             shadowed[key] = answer
         elif record.get("role", "production") == "production":
@@ -100,17 +101,18 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
     return compare_pairs(pairs, feedback, challenger, old)
 
 
-def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], feedback: Mapping[str, Sequence[str]],
+def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                  feedback: Mapping[tuple[str, str], Sequence[str]],
                   challenger: str, old: str) -> dict[str, Any]:
     """The comparison of (production, shadow) answer pairs, in the keys ``han-model promote`` reads of any
     comparison (data, metric, new_score, old_score, difference, interval, p_value, test, verdict), so that a
-    challenger worse on the shadow feedback is refused like one worse on labelled data. A reused id's
-    feedback judges its last pair only (as the feedback store judges the last answer)."""
+    challenger worse on the shadow feedback is refused like one worse on labelled data. ``feedback`` maps the
+    (id, request_id) of each answer a feedback judged to its truth: a reused id's other pairs are not judged."""
     from scipy.stats import binomtest
 
     agree = sum(p["labels"] == s["labels"] for p, s in pairs)
-    last = {p["id"]: (p, s) for p, s in pairs}
-    labelled = [(p, s, feedback[i]) for i, (p, s) in last.items() if i in feedback]
+    judged = {p["id"]: (p, s, feedback[key]) for p, s in pairs if (key := (p["id"], p.get("request_id"))) in feedback}
+    labelled = list(judged.values())
     new_right = [sorted(s["labels"]) == sorted(t) for _, s, t in labelled]
     old_right = [sorted(p["labels"]) == sorted(t) for p, _, t in labelled]
     only_new = sum(n and not o for n, o in zip(new_right, old_right, strict=True))

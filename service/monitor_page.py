@@ -34,10 +34,11 @@ def monitor_report(name: str, store_url: str | None, default_store: Path, since:
     for record in read_log(log_folder(name), start):
         record.pop("text", None)
         records.append(record)
-    feedback: dict[str, list[str]] = {}
+    feedback: dict[tuple[str, str], list[str]] = {}
     if store_url or default_store.exists():
-        with open_store(store_url, default_store) as store:
-            feedback = store.feedback_labels()
+        with open_store(store_url, default_store) as store:  # each feedback with the answer it judged
+            feedback = {(row.id, row.request_id): row.feedback for row in store.joined(since=start, labelled_only=True)
+                        if row.feedback is not None}
     models = {tag: facts for tag in dict.fromkeys(r["model"] for r in records) if (facts := model_facts(tag))}
     versions = report(records, feedback, models)
     for entry in versions:

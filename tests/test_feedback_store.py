@@ -78,7 +78,7 @@ def test_joined_in_a_window(store: FeedbackStore) -> None:
     hour = timedelta(hours=1)
     store.record_predictions("r0", MODEL, predictions("a", "b", label="neg"), at=T0)
     store.record_predictions("r1", MODEL, predictions("a", label="pos", score=0.6), at=T0 + hour)  # "a" again
-    store.record_predictions("r1s", "challenger:1", predictions("a", label="neg"), role="shadow", at=T0 + hour)
+    store.record_predictions("r1", "challenger:1", predictions("a", label="neg"), role="shadow", at=T0 + hour)
     store.record_predictions("r2", MODEL, predictions("c"), at=T0 + 3 * hour)
     store.add_feedback([Feedback("a", ["pos"]), Feedback("c", ["neg"])], source="client")
 
@@ -98,6 +98,43 @@ def test_joined_in_a_window(store: FeedbackStore) -> None:
     assert [r.id for r in store.joined(model="challenger:1")] == ["a"]
     assert [r.id for r in store.joined(since=T0 + 2 * hour)] == ["c"]
     assert [r.id for r in store.joined(role="production", labelled_only=True)] == ["a", "c"]
+
+
+def test_a_feedback_judges_the_answer_its_id_had_when_it_was_given(store: FeedbackStore) -> None:
+    """A client reuses an id for another document: the earlier feedback stays with the earlier answer (its
+    text is what it labelled), and a later feedback judges the later answer."""
+    store.record_predictions("r1", MODEL, predictions("a", label="pos"))
+    store.record_predictions("r1", "challenger:1", predictions("a", label="neg"), role="shadow")
+    store.add_feedback([Feedback("a", ["pos"])])
+    store.record_predictions("r2", MODEL, predictions("a", label="neg"))
+    every = [(r.request_id, r.role, r.feedback) for r in store.joined(latest=False)]
+    assert every == [("r1", "production", ["pos"]), ("r1", "shadow", ["pos"]), ("r2", "production", None)]
+    assert [(r.request_id, r.feedback) for r in store.joined(role="production")] == [("r1", ["pos"])]
+    assert [(r.request_id, r.role) for r in store.joined(labelled_only=True)] == [("r1", "production"),
+                                                                                  ("r1", "shadow")]
+    store.add_feedback([Feedback("a", ["neg"])])
+    every = [(r.request_id, r.role, r.feedback) for r in store.joined(latest=False)]
+    assert every == [("r1", "production", None), ("r1", "shadow", None), ("r2", "production", ["neg"])]
+
+
+def test_a_store_made_before_judged_answers_opens_and_judges_the_last(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:  # the schema before judged_seq, with a row of each
+        old.executescript(
+            "CREATE TABLE predictions (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, request_id TEXT "
+            "NOT NULL, model TEXT NOT NULL, role TEXT NOT NULL, labels TEXT NOT NULL, score REAL, at TEXT NOT NULL);"
+            "CREATE TABLE feedback (id TEXT PRIMARY KEY, labels TEXT NOT NULL, source TEXT, at TEXT NOT NULL);"
+            "INSERT INTO predictions (id, request_id, model, role, labels, score, at) VALUES "
+            "('a', 'r1', 'm:1', 'production', '[\"neg\"]', 0.9, '2026-01-01T00:00:00.000000+00:00'), "
+            "('a', 'r2', 'm:1', 'production', '[\"pos\"]', 0.9, '2026-01-01T01:00:00.000000+00:00');"
+            "INSERT INTO feedback VALUES ('a', '[\"pos\"]', NULL, '2026-01-01T02:00:00.000000+00:00');")
+    with open_store(str(path), tmp_path / "unused.db") as store:
+        assert [(r.request_id, r.feedback) for r in store.joined(latest=False)] == [("r1", None), ("r2", ["pos"])]
+        store.record_predictions("r3", "m:1", predictions("b"))
+        store.add_feedback([Feedback("b", ["neg"])])
+        assert [(r.id, r.feedback) for r in store.joined(labelled_only=True)] == [("a", ["pos"]), ("b", ["neg"])]
 
 
 def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:

@@ -12,10 +12,11 @@ LABELS = ["neg", "pos"]
 
 def _stream(
     n: int, seed: int, words_mean: float = 200, oov: float = 0.02, calibrated: bool = True, pos_share: float = 0.5
-) -> tuple[list[dict], dict[str, list[str]]]:
+) -> tuple[list[dict], dict[tuple[str, str], list[str]]]:
     """Documents whose top score is the true chance of being right (calibrated) or 0.15 above it."""
     rng = np.random.default_rng(seed)
-    records, truth = [], {}
+    records: list[dict] = []
+    truth: dict[tuple[str, str], list[str]] = {}
     for i in range(n):
         p_right = rng.uniform(0.55, 0.99)
         top = p_right if calibrated else min(0.999, p_right + 0.15)
@@ -24,6 +25,7 @@ def _stream(
         records.append(
             {
                 "id": f"d{i}",
+                "request_id": f"q{i}",
                 "time": f"2026-11-27T12:{i // 600:02d}:00.000Z",
                 "model": "m:1",
                 "role": "production",
@@ -34,7 +36,7 @@ def _stream(
                 "oov": float(np.clip(rng.normal(oov, 0.01), 0, 1)),
             }
         )
-        truth[f"d{i}"] = [label if rng.random() < p_right else other]
+        truth[f"d{i}", f"q{i}"] = [label if rng.random() < p_right else other]
     return records, truth
 
 
@@ -65,7 +67,7 @@ def test_the_profile_corrects_overconfident_scores() -> None:
     from sklearn.isotonic import IsotonicRegression
 
     top = np.array([max(r["scores"].values()) for r in reference])
-    right = np.array([r["label"] == reference_truth[r["id"]][0] for r in reference], dtype=float)
+    right = np.array([r["label"] == reference_truth[r["id"], r["request_id"]][0] for r in reference], dtype=float)
     fit = IsotonicRegression(y_min=0, y_max=1, out_of_bounds="clip").fit(top, right)
     profile = {
         **_profile(),

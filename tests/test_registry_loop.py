@@ -79,6 +79,27 @@ def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path:
     assert data.label_names == ["neg", "pos"] and len(data.unlabeled_keys()) == 32
 
 
+def test_a_reused_ids_feedback_stays_with_the_text_it_labelled(home: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The client labels answer r1 of id "a", then reuses "a" for another review: the export pairs the label
+    with r1's text, and the monitor counts one document with feedback, not two."""
+    pos, neg = {"neg": 0.1, "pos": 0.9}, {"neg": 0.9, "pos": 0.1}
+    first, second = (_record(0, f"{NAME}:v1", ["pos"], pos, "Loved it.", request="r1", doc="a"),
+                     _record(1, f"{NAME}:v1", ["neg"], neg, "Hated it.", request="r2", doc="a"))
+    _write_log(home, [first, second])
+    with open_store(None, home / "deployments" / NAME / "feedback.sqlite3") as store:
+        store.record_predictions("r1", f"{NAME}:v1", [Prediction("a", ["pos"])])
+        store.add_feedback([Feedback("a", ["pos"])])
+        store.record_predictions("r2", f"{NAME}:v1", [Prediction("a", ["neg"])])
+    out = tmp_path / "labelled.jsonl"
+    assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["text"], r["label"]) for r in rows] == [("a", "Loved it.", "pos")]
+    capsys.readouterr()
+    assert main(["monitor", NAME]) == 0
+    assert "realised accuracy on 1 with feedback: 1.0000" in capsys.readouterr().out
+
+
 def test_export_of_a_multi_label_model_writes_a_list_in_every_row(home: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from training.data import HANDataModule
@@ -150,9 +171,10 @@ def test_shadow_answers_pair_with_the_same_request(home: Path, monkeypatch: pyte
 
 
 def test_a_shadow_comparison_has_the_keys_promote_reads() -> None:
-    pairs = [({"id": f"d{i}", "model": "m:1", "labels": ["pos"]},
-              {"id": f"d{i}", "model": "m:2", "labels": ["neg" if i < 20 else "pos"]}) for i in range(30)]
-    result = compare_pairs(pairs, {f"d{i}": ["pos"] for i in range(30)}, "m:2", "m:1")
+    pairs = [({"id": f"d{i}", "request_id": "q", "model": "m:1", "labels": ["pos"]},
+              {"id": f"d{i}", "request_id": "q", "model": "m:2", "labels": ["neg" if i < 20 else "pos"]})
+             for i in range(30)]
+    result = compare_pairs(pairs, {(f"d{i}", "q"): ["pos"] for i in range(30)}, "m:2", "m:1")
     assert result["verdict"] == "worse" and result["metric"] == "accuracy" and result["test"] == "McNemar exact"
     assert (result["new_score"], result["old_score"], result["difference"]) == (0.3333, 1.0, -0.6667)
     low, high = result["interval"]

@@ -163,8 +163,8 @@ def test_an_unknown_champion_stops_the_fit_before_it_trains(tmp_path: Path, caps
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     root = fit(tmp_path)
     for subcommand in ("predict", "test"):  # without a model to run: one line, and the run's files left alone
         with pytest.raises(SystemExit) as exit_info:
@@ -182,6 +182,17 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path,
     assert all(set(line["scores"]) == {"neg", "pos"} and line["labels"] == [line["label"]] for line in lines)
     # the smoke model fits its data: rows out of order would score near chance
     assert sum(line["label"] == t for line, t in zip(lines, truth, strict=True)) >= 0.9 * len(truth)
+    # documents with no word are left out, said so, and every other line keeps its file's row
+    gaps = [dict(r, text="   ") if k in (1, 2) else r for k, r in enumerate(rows(REVIEWS))]
+    gapped = tmp_path / "gaps.jsonl"
+    gapped.write_text("".join(json.dumps(r) + "\n" for r in gaps))
+    caplog.set_level(logging.INFO)
+    main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.test", str(gapped),
+          "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
+    again = rows(root / "predictions" / "test.jsonl")
+    assert [line["row"] for line in again] == [k for k in range(len(gaps)) if k not in (1, 2)]
+    assert [line["scores"] for line in again] == [lines[line["row"]]["scores"] for line in again]
+    assert "test: row(s) 1, 2 have no word and were left out" in caplog.text
 
 
 def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -56,9 +56,16 @@ class PredictionWriter(BasePredictionWriter):
         if not trainer.is_global_zero or not predictions:
             return
         results = [result for batch in predictions for result in batch]
-        path = Path(trainer.default_root_dir) / "predictions" / f"{trainer.datamodule.predict_split}.jsonl"
-        write_predictions(path, results)
+        data = trainer.datamodule
+        split = data.predict_split
+        rows = data.rows(split)
+        path = Path(trainer.default_root_dir) / "predictions" / f"{split}.jsonl"
+        write_predictions(path, results, rows)
         rank_zero_info(f"{len(results)} predictions written to {path}")
+        if split == "test" and (skipped := sorted(set(range(rows[-1] + 1)) - set(rows)) if rows else []):
+            more = f" and {len(skipped) - 10:,} more" if len(skipped) > 10 else ""
+            shown = ", ".join(map(str, skipped[:10])) + more
+            rank_zero_info(f"test: row(s) {shown} have no word and were left out (a line's row is its file's, from 0)")
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from training.sources import DataError, load_source
 from training.splits import stable_holdout
 
 SPLIT_COLUMN = "split"  # a training file's rows marked validation here are the validation split
-TOKENISER_VERSION = 2  # bump when segmentation or the cached columns change, to invalidate caches
+TOKENISER_VERSION = 3  # bump when segmentation or the cached columns change, to invalidate caches
 COUNT_CHUNK = 1 << 22  # word ids counted at a time: np.bincount widens its input to 64 bits
 
 
@@ -171,6 +171,12 @@ class HANDataModule(pl.LightningDataModule):
         self.setup()
         return self._keys[split]["text"]
 
+    def rows(self, split: str) -> list[int]:
+        """Each of ``texts``' documents' row in its file (counted from 0; a validation split carved from the
+        training file: the training file's rows)."""
+        self.setup()
+        return self._keys[split]["row"]
+
     # -- Lightning hooks -------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.vocab is not None:
@@ -293,13 +299,14 @@ class HANDataModule(pl.LightningDataModule):
         """The split as ``_tokenised`` gives it (the same rows: those with a word), without its tokens."""
         hp = self.hparams
         raw = self._raw(split, source, limit, labelled=True)
-        kept: dict[str, list] = {"text": [], "target": []}
+        kept: dict[str, list] = {"text": [], "target": [], "row": []}
         for rows in raw.iter(batch_size=2000):
             start = len(kept["text"])
             for i, (text, label) in enumerate(zip(rows[hp.text_column], rows[hp.label_column], strict=True)):
                 if has_words(tokenise.require_text(text, start + i, split, source), hp.max_chars):
                     kept["text"].append(text)
                     kept["target"].append(tokenise.label_strings(label, self.multi_label, split, source))
+                    kept["row"].append(start + i)
         if not kept["text"]:
             raise DataError(f"{split} ({source}): no non-empty documents")
         return datasets.Dataset.from_dict(kept)

@@ -100,12 +100,13 @@ def threshold_with_best_micro_f1(probs: np.ndarray, targets: np.ndarray) -> floa
     return max(candidates, key=lambda t: (scores[t], -abs(t - 0.5)))  # ties: the one nearest 0.5
 
 
-def write_predictions(path: Path, results: list[DocumentResult]) -> None:
-    """One JSON line per document, in input order: row, label, labels and every label's score
-    (``han-train predict`` and the evaluation report)."""
+def write_predictions(path: Path, results: list[DocumentResult], rows: list[int] | None = None) -> None:
+    """One JSON line per document, in input order: row (``rows``' entry, else its position), label, labels
+    and every label's score (``han-train predict`` and the evaluation report)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
-        for row, r in enumerate(results):
+        for k, r in enumerate(results):
+            row = rows[k] if rows is not None else k
             record = {"row": row, "label": r.label, "labels": r.labels, "scores": r.scores}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 

@@ -35,20 +35,22 @@ def tokenise_batch(
     multi_label: bool,
     config: SegmenterConfig,
 ) -> dict[str, list]:
-    """One batch of a split: texts segmented into token keys, labels into lists of strings; documents
-    with no words dropped (nothing to learn from). Module level, so tokenising processes can run it."""
+    """One batch of a split: texts segmented into token keys, labels into lists of strings, and each
+    document's row in its file; documents with no words dropped (nothing to learn from). Module level, so
+    tokenising processes can run it."""
     texts = batch[text_column]
     for i, text in zip(indices, texts, strict=True):
         require_text(text, i, split, source)
     labels = batch[label_column] if label_column else [None] * len(texts)
-    kept, keys, targets = [], [], []
-    for segment, label in zip(_segmenter(config).segment_many(texts), labels, strict=True):
+    kept, keys, targets, rows = [], [], [], []
+    for i, segment, label in zip(indices, _segmenter(config).segment_many(texts), labels, strict=True):
         if segment.is_empty:
             continue
         kept.append(segment.text)
         keys.append(segment.token_keys)
         targets.append(label_strings(label, multi_label, split, source) if label_column else [])
-    return {"text": kept, "keys": keys, "target": targets}
+        rows.append(i)
+    return {"text": kept, "keys": keys, "target": targets, "row": rows}
 
 
 def require_text(text: Any, row: int, split: str, source: str) -> str:
