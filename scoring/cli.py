@@ -65,15 +65,33 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_written(args: argparse.Namespace) -> None:
+    """Refuse an output, errors file or summary that is the input (writing it would destroy what is read),
+    and a summary whose folder is missing (found only once the job had run)."""
+    from scoring.formats import errors_path
+
+    source = Path(args.input).resolve()
+    written = [(args.output, "the output"), (errors_path(args.output), "the output's errors file"),
+               (errors_path(args.output, folder=True), "the output's errors folder")]
+    written += [(args.summary_json, "--summary-json")] if args.summary_json else []
+    for path, what in written:
+        if Path(path).resolve() == source:
+            raise BatchError(f"{path}: {what} would overwrite the input")
+    if args.summary_json and not Path(args.summary_json).resolve().parent.is_dir():
+        raise BatchError(f"--summary-json {args.summary_json}: folder {Path(args.summary_json).parent} does not exist")
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    from scoring import formats, partial, read  # light: their heavy imports are inside functions
+
+    _check_written(args)  # either engine: --overwrite removes the output (and its errors file) first
     if args.engine == "ray":
         return _run_ray(args)
-    from scoring import formats, partial, read  # light: their heavy imports are inside functions
 
     # Cheap checks first: no process is started for a job that cannot run.
     if args.shard_index >= args.num_shards:
@@ -81,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise BatchError("--resume and --overwrite contradict each other; pass one")
     input_path, output = Path(args.input), Path(args.output)
-    if output.resolve() == input_path.resolve():
-        raise BatchError(f"{output}: the output would overwrite the input")
     try:
         read.check_input_path(input_path)
         formats.check_output_path(output)

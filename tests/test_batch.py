@@ -428,6 +428,28 @@ def test_unusable_input_or_model_stops_with_one_line(
     assert not (tmp_path / "out.parquet").exists() and not (tmp_path / "out.parquet.parts").exists()
 
 
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_nothing_is_written_over_the_input_even_with_overwrite(tmp_path: Path, tiny_model_dir: Path, capsys,
+                                                               engine: str) -> None:
+    """The output, its errors file and the summary are checked against the input before --overwrite removes
+    anything (the Ray engine removed an output named as its input, the input with it)."""
+    source = write_input(tmp_path / "in.jsonl", input_rows())
+    before = source.read_bytes()
+    alias = tmp_path / "x.jsonl.errors.jsonl"  # an input named as x.jsonl's errors file
+    alias.write_bytes(before)
+    cases = [([str(source), str(source)], "the output would overwrite the input"),
+             ([str(alias), str(tmp_path / "x.jsonl")], "the output's errors file would overwrite the input"),
+             ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(source)],
+              "--summary-json would overwrite"),
+             ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "nope" / "s.json")],
+              f"folder {tmp_path / 'nope'} does not exist")]
+    for args, expected in cases:
+        assert main([*args, "--model", str(tiny_model_dir), "--engine", engine, "--overwrite", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("han-score: error: ") and expected in err, err
+    assert source.read_bytes() == before and alias.read_bytes() == before
+
+
 def test_the_console_script_fails_without_a_traceback(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("han-score")
     if not script.exists():
