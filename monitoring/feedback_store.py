@@ -346,16 +346,19 @@ class _Cursor:
             self._cursor.executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
 
 
-def open_store(url: str | None, default: Path) -> FeedbackStore:
+def open_store(url: str | None, default: Path, existing: bool = False) -> FeedbackStore:
     """The store a setting names: empty for the SQLite file ``default``; a file path or ``sqlite:///path``
-    for another one; ``postgresql://user@host:port/db`` for a server. ``StoreError`` when it cannot be opened."""
+    for another one; ``postgresql://user@host:port/db`` for a server. ``StoreError`` when it cannot be opened,
+    or with ``existing`` (a reader's: a mistyped path would otherwise make an empty store) when an SQLite
+    file does not exist."""
     text = (url or "").strip()
     scheme = _SCHEME.match(text)
-    if not scheme:
-        return _sqlite(Path(text).expanduser() if text else Path(default))
-    name = scheme.group(1).lower()
-    if name == "sqlite" and text[len("sqlite://"):]:
-        return _sqlite(Path(text[len("sqlite://"):]).expanduser())
+    name = scheme.group(1).lower() if scheme else ""
+    if not scheme or (name == "sqlite" and text[len("sqlite://"):]):
+        path = Path(text[len("sqlite://"):] if scheme else text).expanduser() if text else Path(default)
+        if existing and not path.exists():
+            raise StoreError(f"feedback store {path}: no such file")
+        return _sqlite(path)
     if name in ("postgresql", "postgres"):
         return _postgres(text)
     raise StoreError(f"feedback store {redact(text)}: cannot open it: unsupported URL "

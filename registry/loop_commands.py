@@ -93,7 +93,7 @@ def feedback_map(name: str, url: str | None, since: datetime | None,
     path = default_store(name)
     if url is None and not path.exists():
         return {}
-    with open_store(url, path) as store:
+    with open_store(url, path, existing=True) as store:
         rows = store.joined(since=since, until=until, labelled_only=True)
     return {(row.id, row.request_id): row.feedback for row in rows if row.feedback is not None}
 

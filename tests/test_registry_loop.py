@@ -148,6 +148,10 @@ def test_bad_input_is_one_line(home: Path, tmp_path: Path, capsys: pytest.Captur
     _single_label_log(home)
     assert main(["export-log", NAME, str(tmp_path / "x.jsonl"), "--since", "2030-01-01"]) == 1
     assert "no logged document in the window" in capsys.readouterr().err
+    typo = tmp_path / "feedbak.sqlite3"  # a mistyped --store: said so, and no empty store made there
+    assert main(["monitor", NAME, "--store", str(typo)]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"feedback store {typo}: no such file")
+    assert not typo.exists()
     data = home / "deployments" / NAME / "log" / "data"
     (data / "unreadable.jsonl").mkdir()  # a name the log reader cannot open as a file
     assert main(["export-log", NAME, str(tmp_path / "x.jsonl")]) == 1
