@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise BatchError("--resume and --overwrite contradict each other; pass one")
     input_path, output = Path(args.input), Path(args.output)
+    if output.is_dir():  # found only at the end, after every row was scored
+        raise BatchError(f"{output}: is a folder; the output is a file")
     try:
         read.check_input_path(input_path)
         formats.check_output_path(output)

@@ -443,6 +443,9 @@ def test_nothing_is_written_over_the_input_even_with_overwrite(tmp_path: Path, t
               "--summary-json would overwrite"),
              ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "nope" / "s.json")],
               f"folder {tmp_path / 'nope'} does not exist")]
+    if engine == "local":  # the Ray engine writes a folder of parts
+        (tmp_path / "dir.jsonl").mkdir()
+        cases.append(([str(source), str(tmp_path / "dir.jsonl")], "is a folder; the output is a file"))
     for args, expected in cases:
         assert main([*args, "--model", str(tiny_model_dir), "--engine", engine, "--overwrite", "--quiet"]) == 2
         err = capsys.readouterr().err
