@@ -139,6 +139,13 @@ def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
         raise LabelError(f"{flag} {path}: the file's extension must be one of {', '.join(allowed)}")
     if not path.parent.is_dir():
         raise LabelError(f"{flag} {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise LabelError(f"{flag} {path}: is a folder")
+    try:  # a file can be made there: known now, not after the whole pool is scored
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise LabelError(f"{flag} {path}: cannot write in {path.parent} ({e.strerror or e})") from None
 
 
 def _not_an_input(out: Path, flag: str, inputs: list[tuple[str, str]]) -> None:

@@ -132,6 +132,10 @@ def test_next_leaves_out_what_is_labelled_and_writes_json_lines(pool: Path, tiny
         assert clash.returncode == 2 and clash.stderr.strip().splitlines()[-1] == (
             f"han-label: error: --out {target}: is {what}; writing there would overwrite it: choose another file")
         assert target.read_bytes() == before
+    # an --out no file can be made in is refused before the pool is scored, in one line
+    nowhere = han_label("next", str(pool), "--n", "2", "--out", "/proc/queue.jsonl", "--model", str(tiny_model_dir))
+    assert nowhere.returncode == 2 and nowhere.stderr.strip().splitlines() == [
+        "han-label: error: --out /proc/queue.jsonl: cannot write in /proc (No such file or directory)"]
 
 
 def test_next_reads_a_labelled_file_by_its_text_column_when_the_pool_has_another(
