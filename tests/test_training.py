@@ -406,6 +406,21 @@ def test_a_label_column_with_one_class_is_refused(tmp_path: Path, capsys: pytest
     assert "has only one class ('pos')" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("odd", "kind"), [(["pos"], "a list"), ({"a": 1}, "an object")])
+def test_a_label_column_of_mixed_kinds_names_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      odd: object, kind: str) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps({"text": r["text"], "label": odd if k == 5 else r["label"]}) + "\n"
+                            for k, r in enumerate(rows(REVIEWS))))
+    with pytest.raises(SystemExit):
+        main(["fit", "--data.train", str(path), "--data.test", "null", "--trainer.default_root_dir",
+              str(tmp_path / "run"), "--data.cache_dir", str(tmp_path / "cache")])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"han-train: error: train ({path}) row 5 holds {kind} where the rows before hold a single label in the "
+        "label column 'label': give every row a single label (a string or an integer), or every row a list of "
+        "labels (multi-label)")
+
+
 def test_a_run_killed_after_its_first_checkpoint_resumes_and_finishes(tmp_path: Path) -> None:
     root = tmp_path / "run"
     args = [sys.executable, "-m", "training.cli", "fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),

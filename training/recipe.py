@@ -74,6 +74,8 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
         raw = raw.select(range(min(max_train_docs, len(raw))))
     table = raw.with_format("arrow")[:]
     labels = table.column(label_column)
+    if isinstance(labels.type, pa.BaseExtensionType):  # values of several kinds, which datasets keeps as JSON
+        raise DataError(_mixed_labels(train, label_column, raw[label_column]))
     is_list = pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)
     multi = is_list if multi_label is None else multi_label
     values = pc.list_flatten(labels) if is_list else labels
@@ -82,6 +84,17 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
     fit = len(raw) if has_validation else len(raw) - math.ceil(len(raw) * val_fraction)
     return DataProfile(documents=max(1, fit), labels=distinct, multi_label=bool(multi),
                        median_words=float(np.median(words)) if len(words) else 0.0, total_words=int(words.sum()))
+
+
+def _mixed_labels(train: str, column: str, values: list) -> str:
+    """Where a label column first changes kind (a list among strings, an object among numbers)."""
+    kind = lambda v: "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else "a single label"  # noqa: E731
+    first = next((v for v in values if v is not None), None)
+    row = next((i for i, v in enumerate(values) if v is not None and kind(v) != kind(first)), None)
+    where = f"row {row} holds {kind(values[row])} where the rows before hold {kind(first)}" if row is not None \
+        else "its values are of several kinds"
+    return (f"train ({train}) {where} in the label column {column!r}: give every row a single label (a string or "
+            "an integer), or every row a list of labels (multi-label)")
 
 
 def ngram_buckets(documents: int) -> int:
