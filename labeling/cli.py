@@ -12,16 +12,14 @@ Every problem with the input is one line naming the file (and the row); outputs 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from labeling.outputs import config_path, write_next, write_rows
 from labeling.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 OUTPUTS = (".json", ".jsonl")
@@ -192,7 +190,10 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     except pools.PoolError as e:
         raise LabelError(str(e)) from None
     ready = _Prepared()
-    rows = _unlabelled_rows(pool, left_out_ids, left_out_hashes)
+    rows, copies = _unlabelled_rows(pool, left_out_ids, left_out_hashes)
+    if copies:
+        print(f"han-label: {pool.name}: {copies:,} rows repeat an earlier row's text: left out (each text is "
+              "chosen once)", file=sys.stderr)
     if len(pool) == 0:
         raise LabelError(f"{pool.name}: the pool is empty (no rows)")
     if len(rows) == 0:
@@ -229,9 +230,9 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     results = pools.explain(pool, model_dir, chosen_rows, TOP_SENTENCES)
     records = _records(results, pool, chosen_rows, probs[good[picked]], saved, tag, args.strategy,
                        validation=set(range(args.n - held, args.n)))
-    _write_next(out, records, saved.labels, multi)
+    write_next(out, records, saved.labels, multi)
     print(f"han-label: {len(records):,} of {len(rows):,} unlabelled documents chosen ({args.strategy}) -> {out}"
-          + (f" and {_config_path(out)}" if out.suffix.lower() == ".json" else ""), file=sys.stderr)
+          + (f" and {config_path(out)}" if out.suffix.lower() == ".json" else ""), file=sys.stderr)
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -268,20 +269,26 @@ def _labelled_file(path: str, text_column: str) -> tuple[set[str], set[str]]:
     return ids, hashes
 
 
-def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> Any:
+def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> tuple[Any, int]:
+    """The pool's rows to choose from: not labelled (by id or text), and each text once (a copy would take
+    a second place in the queue for one document); and how many copies were left out."""
     import numpy as np
 
     from labeling.pool import WINDOW, text_hash
 
-    keep = []
-    table = pool.table if hashes else pool.table.select_columns(["id"])
+    keep, seen, copies = [], set(), 0
     for start in range(0, len(pool), WINDOW):
-        batch = table[start: start + WINDOW]
-        for k, (doc, text) in enumerate(zip(batch["id"], batch.get("text", batch["id"]), strict=True)):
-            if doc in ids or (hashes and isinstance(text, str) and text_hash(text) in hashes):
+        batch = pool.table[start: start + WINDOW]
+        for k, (doc, text) in enumerate(zip(batch["id"], batch["text"], strict=True)):
+            digest = text_hash(text) if isinstance(text, str) else None
+            if doc in ids or digest in hashes:
                 continue
+            if digest is not None and digest in seen:
+                copies += 1
+                continue
+            seen.add(digest)
             keep.append(start + k)
-    return np.array(keep, dtype=np.int64)
+    return np.array(keep, dtype=np.int64), copies
 
 
 def _doc_id(pool: Any, row: int) -> str:
@@ -322,45 +329,6 @@ def _records(results: list[Any], pool: Any, rows: Any, probs: Any, saved: Any, t
                                for s in results[k].top_sentences or []]} for k in order]
 
 
-def _config_path(out: Path) -> Path:
-    return out.with_name(out.name[: -len(out.suffix)] + ".label-config.xml")
-
-
-def _write_next(out: Path, records: list[dict[str, Any]], labels: list[str], multi: bool) -> None:
-    from labeling.label_studio import label_config, task
-
-    if out.suffix.lower() == ".jsonl":
-        _atomic(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        return
-    tasks = [task(r["id"], r["text"], r["labels"] if multi else [r["label"]], max(r["scores"].values()),
-                  r["model_version"], [(s["start"], s["end"], s["text"]) for s in r["top_sentences"]],
-                  {"margin": r["margin"], **({"split": r["split"]} if "split" in r else {})}) for r in records]
-    config = label_config(labels, multi)
-    _atomic(_config_path(out), lambda f: f.write(config))
-    _atomic(out, lambda f: json.dump(tasks, f, ensure_ascii=False, indent=1))
-
-
-def _atomic(path: Path, write: Callable[[IO[str]], Any]) -> None:
-    """Write a whole file or none: a temporary file beside it, renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            write(f)
-        _as_created(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _as_created(path: str) -> None:
-    """The mode a file opened for writing gets (0666 less the umask), not mkstemp's 0600: the queue and the
-    labelled file are read by others (Label Studio's service, the next fit's user)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
 # -- import ----------------------------------------------------------------------------------------
 def run_import(args: argparse.Namespace) -> int:
     from labeling.label_studio import ExportError, read_export
@@ -382,43 +350,12 @@ def run_import(args: argparse.Namespace) -> int:
         print(f"han-label: {export}: {p.where}: {p.what}", file=sys.stderr)
     if not got.rows:
         raise LabelError(f"{export}: no annotated task to import ({len(got.problems)} left out, listed above)")
-    _write_rows(out, got.rows, multi)
+    if multi and out.suffix.lower() == ".csv":
+        raise LabelError(f"OUT {out}: a multi-label model's labels need .jsonl or .parquet, not CSV")
+    write_rows(out, got.rows)
     print(f"han-label: {len(got.rows):,} labelled documents -> {out}"
           + (f"; {len(got.problems):,} tasks left out (listed above)" if got.problems else ""), file=sys.stderr)
     return 0
-
-
-def _write_rows(out: Path, rows: list[dict[str, Any]], multi: bool) -> None:
-    if any("split" in r for r in rows):  # every row gets the column (Parquet's schema is the first row's)
-        rows = [{**r, "split": r.get("split")} for r in rows]
-    suffix = out.suffix.lower()
-    if suffix == ".jsonl":
-        _atomic(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    elif suffix == ".csv":
-        if multi:
-            raise LabelError(f"OUT {out}: a multi-label model's labels need .jsonl or .parquet, not CSV")
-        import csv
-
-        def write(f: IO[str]) -> None:
-            split = ["split"] if rows and "split" in rows[0] else []
-            w = csv.DictWriter(f, fieldnames=["id", "text", "label", *split])
-            w.writeheader()
-            w.writerows(rows)
-
-        _atomic(out, write)
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
-            _as_created(tmp)
-            os.replace(tmp, out)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 if __name__ == "__main__":

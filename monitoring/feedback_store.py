@@ -19,56 +19,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from monitoring.store_schema import JUDGED, UPSERT_FEEDBACK, create_schema
+
 ROLES = ("production", "shadow")
-MAX_ID_LENGTH = 512
 # How long a writer waits for another process's transaction before giving up (SQLite's busy timeout).
 BUSY_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10
 _CHUNK = 500  # ids per IN (...) query: far below SQLite's limit on parameters
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# A PostgreSQL advisory lock key (any fixed number): concurrent CREATE TABLE IF NOT EXISTS can still
-# collide in PostgreSQL's catalogue, so processes that open the store at once create the schema in turn.
-_SCHEMA_LOCK = 0x48414E46
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS predictions (
-  seq {seq},
-  id TEXT NOT NULL CHECK (length(id) BETWEEN 1 AND {max_id}),
-  request_id TEXT NOT NULL,
-  model TEXT NOT NULL,
-  role TEXT NOT NULL CHECK (role IN ('production', 'shadow')),
-  labels {json} NOT NULL,
-  score {real},
-  at {time} NOT NULL
-);
-CREATE INDEX IF NOT EXISTS predictions_id ON predictions (id);
-CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
-CREATE TABLE IF NOT EXISTS feedback (
-  id TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND {max_id}),
-  labels {json} NOT NULL,
-  source TEXT,
-  at {time} NOT NULL,
-  judged_seq {int}
-)
-"""
-_TYPES = {
-    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "json": "TEXT", "time": "TEXT", "real": "REAL",
-               "int": "INTEGER"},
-    "postgresql": {"seq": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "json": "JSONB",
-                   "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION", "int": "BIGINT"},
-}
-# A feedback judges the answer its id had when it was given: production's last (judged_seq). A store made
-# before the column has none in its old rows, which judge their id's last production answer, as they did.
-_UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT MAX(seq) "
-                    "FROM predictions WHERE id = ? AND role = 'production')) ON CONFLICT (id) DO UPDATE "
-                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
-                    "judged_seq = excluded.judged_seq")
-# (id, request_id) of the answer each feedback judges: production's answer and the shadow's copy of it
-_JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
-           "q.role = 'production' ORDER BY q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
-           "LEFT JOIN predictions p ON p.seq = f.judged_seq")
-
-
 class StoreError(RuntimeError):
     """The store cannot be opened or reached: one line naming it (never with its password) and the problem."""
 
@@ -133,16 +91,7 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         with self._transaction(write=True) as cur:
-            if dialect == "postgresql":
-                cur.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
-            for statement in _SCHEMA.format(max_id=MAX_ID_LENGTH, **_TYPES[dialect]).split(";"):
-                cur.execute(statement)
-            if dialect == "postgresql":  # a store made before judged_seq
-                cur.execute(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS judged_seq {_TYPES[dialect]['int']}")
-            else:
-                cur.execute("PRAGMA table_info(feedback)")
-                if "judged_seq" not in {row[1] for row in cur.fetchall()}:
-                    cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {_TYPES[dialect]['int']}")
+            create_schema(cur, dialect)
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
                            role: str = "production", at: datetime | None = None) -> int:
@@ -190,7 +139,7 @@ class FeedbackStore:
         # upserting the same ids take their row locks in one order and cannot deadlock.
         rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id) for f in items), key=lambda row: row[0])
         with self._transaction(write=True) as cur:
-            cur.executemany(_UPSERT_FEEDBACK, rows)
+            cur.executemany(UPSERT_FEEDBACK, rows)
             missing = self._unknown(cur, [row[0] for row in rows])
             if missing:
                 shown = ", ".join(repr(i) for i in missing[:10]) + (" …" if len(missing) > 10 else "")
@@ -213,7 +162,7 @@ class FeedbackStore:
                 "GROUP BY id, role) l ON l.seq = v.seq") if latest else ""
         join = "JOIN" if labelled_only else "LEFT JOIN"
         with self._transaction(write=False) as cur:
-            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({_JUDGED}), v AS (SELECT w.*, CASE "
+            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({JUDGED}), v AS (SELECT w.*, CASE "
                         f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
                         f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
                         f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from monitoring.feedback_store import (
-    MAX_ID_LENGTH,
     Feedback,
     FeedbackStore,
     Prediction,
@@ -23,6 +22,7 @@ from monitoring.feedback_store import (
     open_store,
     redact,
 )
+from monitoring.store_schema import MAX_ID_LENGTH
 from service.process import free_port
 from tests.postgres_server import shared_postgres
 

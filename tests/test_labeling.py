@@ -156,6 +156,21 @@ def test_next_reads_a_labelled_file_by_its_text_column_when_the_pool_has_another
     assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(r["id"] for r in rows[-3:])
 
 
+def test_next_chooses_each_text_once(pool: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in pool.read_text().splitlines()]
+    copies = [dict(rows[5], id=f"copy-{k}") for k in range(2)]  # one unlabelled review, three times
+    pooled = tmp_path / "copies.jsonl"
+    pooled.write_text("".join(json.dumps(r) + "\n" for r in rows + copies))
+    out = tmp_path / "queue.jsonl"
+    unique = len(rows) - 4  # the first four are labelled
+    done = han_label("next", str(pooled), "--n", str(unique), "--out", str(out), "--model", str(tiny_model_dir),
+                     "--strategy", "random", "--holdout", "0")
+    assert done.returncode == 0, done.stderr
+    assert f"han-label: {pooled}: 2 rows repeat an earlier row's text: left out" in done.stderr
+    chosen = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(chosen) == sorted(r["id"] for r in rows[4:])
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -19,7 +19,7 @@ from han.vocab import Vocabulary
 from training import ngram_teacher, tokenise
 from training.batches import EncodedDocuments, FlatWriter, LabelledTexts, LengthBucketSampler, collate_examples
 from training.self_training import soft_targets
-from training.sources import DataError, load_source
+from training.sources import DataError, load_source, refuse_missing_values
 from training.splits import stable_holdout
 
 SPLIT_COLUMN = "split"  # a training file's rows marked validation here are the validation split
@@ -291,7 +291,7 @@ class HANDataModule(pl.LightningDataModule):
         if limit is not None:
             raw = raw.select(range(min(limit, len(raw))))
         raw = raw.select_columns(list(needed))
-        _refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
+        refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
                                "a list" if self.multi_label else "a string or an integer")
         return raw
 
@@ -388,17 +388,3 @@ class HANDataModule(pl.LightningDataModule):
                 targets[row] = index[target[0]]
         return targets
 
-
-def _refuse_missing_values(
-    raw: datasets.Dataset, split: str, source: str, text: str, label: str | None, label_kind: str
-) -> None:
-    """A missing text or label is named here, by its row, before tokenising: raised in a tokenising
-    process instead, it can leave the process pool hanging on its way out (datasets' ``map``)."""
-    import pyarrow.compute as pc
-
-    table = raw.with_format("arrow")[:]  # a zero-copy slice unless rows were selected
-    for column, what in ((text, "the text is NoneType, not a string"),
-                         (label, f"a label must be {label_kind}, not None")):
-        if column is not None and table.column(column).null_count:
-            row = pc.index(pc.is_null(table.column(column)), True).as_py()
-            raise DataError(f"{split} ({source}) row {row}: {what}")

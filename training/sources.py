@@ -66,3 +66,18 @@ def _load_folder(path: Path) -> datasets.Dataset:
 def _first_line(error: Exception) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
+
+
+def refuse_missing_values(
+    raw: datasets.Dataset, split: str, source: str, text: str, label: str | None, label_kind: str
+) -> None:
+    """A missing text or label is named here, by its row, before tokenising: raised in a tokenising
+    process instead, it can leave the process pool hanging on its way out (datasets' ``map``)."""
+    import pyarrow.compute as pc
+
+    table = raw.with_format("arrow")[:]  # a zero-copy slice unless rows were selected
+    for column, what in ((text, "the text is NoneType, not a string"),
+                         (label, f"a label must be {label_kind}, not None")):
+        if column is not None and table.column(column).null_count:
+            row = pc.index(pc.is_null(table.column(column)), True).as_py()
+            raise DataError(f"{split} ({source}) row {row}: {what}")

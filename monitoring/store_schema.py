@@ -1,0 +1,64 @@
+"""The feedback store's tables, one text for SQLite and PostgreSQL, and the columns later releases added
+(a store made by an earlier release gains them when it is opened)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_ID_LENGTH = 512
+# A PostgreSQL advisory lock key (any fixed number): concurrent CREATE TABLE IF NOT EXISTS can still
+# collide in PostgreSQL's catalogue, so processes that open the store at once create the schema in turn.
+SCHEMA_LOCK = 0x48414E46
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (
+  seq {seq},
+  id TEXT NOT NULL CHECK (length(id) BETWEEN 1 AND {max_id}),
+  request_id TEXT NOT NULL,
+  model TEXT NOT NULL,
+  role TEXT NOT NULL CHECK (role IN ('production', 'shadow')),
+  labels {json} NOT NULL,
+  score {real},
+  at {time} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS predictions_id ON predictions (id);
+CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
+CREATE TABLE IF NOT EXISTS feedback (
+  id TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND {max_id}),
+  labels {json} NOT NULL,
+  source TEXT,
+  at {time} NOT NULL,
+  judged_seq {int}
+)
+"""
+TYPES = {
+    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "json": "TEXT", "time": "TEXT", "real": "REAL",
+               "int": "INTEGER"},
+    "postgresql": {"seq": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "json": "JSONB",
+                   "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION", "int": "BIGINT"},
+}
+# A feedback judges the answer its id had when it was given: production's last (judged_seq). A store made
+# before the column has none in its old rows, which judge their id's last production answer, as they did.
+UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT MAX(seq) "
+                    "FROM predictions WHERE id = ? AND role = 'production')) ON CONFLICT (id) DO UPDATE "
+                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
+                    "judged_seq = excluded.judged_seq")
+# (id, request_id) of the answer each feedback judges: production's answer and the shadow's copy of it
+JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
+           "q.role = 'production' ORDER BY q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
+           "LEFT JOIN predictions p ON p.seq = f.judged_seq")
+
+
+def create_schema(cur: Any, dialect: str) -> None:
+    """Create the tables where they are missing and add the columns an older store lacks (``cur``: the
+    store's cursor, in the transaction that opens it)."""
+    if dialect == "postgresql":
+        cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+    for statement in SCHEMA.format(max_id=MAX_ID_LENGTH, **TYPES[dialect]).split(";"):
+        cur.execute(statement)
+    if dialect == "postgresql":  # a store made before judged_seq
+        cur.execute(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS judged_seq {TYPES[dialect]['int']}")
+    else:
+        cur.execute("PRAGMA table_info(feedback)")
+        if "judged_seq" not in {row[1] for row in cur.fetchall()}:
+            cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {TYPES[dialect]['int']}")
