@@ -111,7 +111,10 @@ def _where(task_id: Any, doc_id: Any) -> str:
 
 
 def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi_label: bool) -> Labelled:
+    """Each document once: the tasks of one document (imported twice, say) pool their annotations, so that
+    two that disagree are reported, not written as two rows with two labels."""
     out = Labelled()
+    by_doc: dict[str, tuple[str, dict[str, Any], set[tuple[str, ...]], bool]] = {}
     for k, t in enumerate(tasks, 1):
         data = t.get("data")
         if not isinstance(data, dict) or not isinstance(data.get(TEXT), str):
@@ -125,7 +128,11 @@ def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi
             if chosen:
                 answers.append(tuple(sorted(chosen)))
         skipped = any(isinstance(a, dict) and a.get("was_cancelled") for a in t.get("annotations") or [])
-        _add(out, where, data, set(answers), labels, multi_label, skipped)
+        doc = str(data.get(DOC_ID) or f"task {t.get('id', k)}")
+        first_where, first_data, pooled, any_skipped = by_doc.get(doc, (where, data, set(), False))
+        by_doc[doc] = (first_where, first_data, pooled | set(answers), any_skipped or skipped)
+    for where, data, answers, skipped in by_doc.values():
+        _add(out, where, data, answers, labels, multi_label, skipped)
     return out
 
 

@@ -286,6 +286,9 @@ def _export(tmp_path: Path) -> Path:
                                                                              {"result": _choice("neg")}]},
         {"id": 5, "data": {"text": "So-so.", "doc_id": "d5"}, "annotations": [{"result": _choice("meh")}]},
         {"id": 6, "data": {"text": "Unseen.", "doc_id": "d6"}, "annotations": []},
+        # d1 and d2 imported twice: one document each, its tasks' annotations pooled (d2's then disagree)
+        {"id": 7, "data": {"text": "Great fun.", "doc_id": "d1"}, "annotations": [{"result": _choice("pos")}]},
+        {"id": 8, "data": {"text": "Dull.", "doc_id": "d2"}, "annotations": [{"result": _choice("pos")}]},
     ]
     path = tmp_path / "export.json"
     path.write_text(json.dumps(tasks))
@@ -298,15 +301,16 @@ def test_import_reads_the_json_export_and_reports_each_task_left_out(tiny_model_
     done = han_label("import", str(export), str(out), "--model", str(tiny_model_dir))
     assert done.returncode == 0, done.stderr
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
-        {"id": "d1", "text": "Great fun.", "label": "pos"}, {"id": "d2", "text": "Dull.", "label": "neg"}]
+        {"id": "d1", "text": "Great fun.", "label": "pos"}]
     lines = done.stderr.strip().splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
+        f"han-label: {export}: task 2 (document d2): left out: its annotators disagree (neg; pos)",
         f"han-label: {export}: task 3 (document d3): skipped: no annotation (the annotator skipped it)",
         f"han-label: {export}: task 4 (document d4): left out: its annotators disagree (neg; pos)",
         f"han-label: {export}: task 5 (document d5): left out: label 'meh' is not one of the model's",
         f"han-label: {export}: task 6 (document d6): skipped: no annotation",
     ]
-    assert lines[4] == f"han-label: 2 labelled documents -> {out}; 4 tasks left out (listed above)"
+    assert lines[5] == f"han-label: 1 labelled documents -> {out}; 5 tasks left out (listed above)"
 
 
 def test_import_reads_the_choices_of_a_project_with_its_own_labelling_config(tiny_model_dir: Path,
