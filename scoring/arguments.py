@@ -33,6 +33,9 @@ def default_workers() -> int:
     return max(1, min(cores, 16))
 
 
+BARE = object()  # --explain given without a method (not a str: argparse runs a str const through type=)
+
+
 def _method(value: str) -> str:
     """An explanation method; a file name after a bare --explain gets the fix in the message."""
     if value in METHODS:
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--explain",
         nargs="?",
-        const=DEFAULT_METHOD,
+        const=BARE,  # a bare --explain: the default method, or an old --explain-method's (deprecated())
         type=_method,
         metavar="METHOD",
         help=f"also write the top sentences and words with their weights, by METHOD ({', '.join(METHODS)}; "
@@ -124,8 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 def deprecated(args: argparse.Namespace) -> list[str]:
     """Reads the flags of earlier releases into today's (their meaning then) and returns a warning line for
     each: ``--no-explain`` (no explanation, today's default) and ``--explain-method M`` (the method of a
-    bare ``--explain``; without ``--explain`` it explained nothing, and still does not)."""
+    bare ``--explain``; without ``--explain`` it explained nothing, and still does not). Either beside an
+    ``--explain`` that says otherwise is ArgumentTypeError: a contradiction is not settled silently."""
     warnings = []
+    if args.old_no_explain and args.explain is not None:
+        raise argparse.ArgumentTypeError("--no-explain and --explain contradict each other; pass one")
+    if args.old_explain_method is not None and args.explain not in (None, BARE, args.old_explain_method):
+        raise argparse.ArgumentTypeError(f"--explain={args.explain} and --explain-method {args.old_explain_method} "
+                                         "contradict each other; pass --explain=METHOD alone")
     if args.old_no_explain:
         warnings.append("--no-explain is deprecated and will be removed in a later release: "
                         "leave it out (no explanation is the default)")
@@ -138,4 +147,6 @@ def deprecated(args: argparse.Namespace) -> list[str]:
         else:  # as before: the method of an --explain not given, so nothing is explained
             fix = f"without --explain it explains nothing, as before (--explain={method} explains by {method})"
         warnings.append(f"--explain-method is deprecated and will be removed in a later release: {fix}")
+    if args.explain is BARE:
+        args.explain = DEFAULT_METHOD
     return warnings

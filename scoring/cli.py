@@ -44,8 +44,13 @@ def command() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    for warning in deprecated(args):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        warnings = deprecated(args)
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    for warning in warnings:
         print(f"han-score: warning: {warning}", file=sys.stderr)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
@@ -89,13 +94,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     from scoring import formats, partial, read  # light: their heavy imports are inside functions
 
+    if args.shard_index >= args.num_shards:  # either engine (Ray's took --shard-index 5 of 1 and scored all)
+        raise BatchError(f"--shard-index must be below --num-shards ({args.num_shards}), not {args.shard_index}")
     _check_written(args)  # either engine: --overwrite removes the output (and its errors file) first
     if args.engine == "ray":
         return _run_ray(args)
 
     # Cheap checks first: no process is started for a job that cannot run.
-    if args.shard_index >= args.num_shards:
-        raise BatchError(f"--shard-index must be below --num-shards ({args.num_shards}), not {args.shard_index}")
     if args.resume and args.overwrite:
         raise BatchError("--resume and --overwrite contradict each other; pass one")
     input_path, output = Path(args.input), Path(args.output)

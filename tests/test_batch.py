@@ -429,7 +429,7 @@ def test_unusable_input_or_model_stops_with_one_line(
 
 
 @pytest.mark.parametrize("engine", ["local", "ray"])
-def test_nothing_is_written_over_the_input_even_with_overwrite(tmp_path: Path, tiny_model_dir: Path, capsys,
+def test_outputs_and_shards_are_checked_before_overwrite_removes_anything(tmp_path: Path, tiny_model_dir: Path, capsys,
                                                                engine: str) -> None:
     """The output, its errors file and the summary are checked against the input before --overwrite removes
     anything (the Ray engine removed an output named as its input, the input with it)."""
@@ -443,6 +443,7 @@ def test_nothing_is_written_over_the_input_even_with_overwrite(tmp_path: Path, t
               "--summary-json would overwrite"),
              ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "nope" / "s.json")],
               f"folder {tmp_path / 'nope'} does not exist")]
+    cases.append(([str(source), str(tmp_path / "o.jsonl"), "--shard-index", "5"], "--shard-index must be below"))
     if engine == "local":  # the Ray engine writes a folder of parts
         (tmp_path / "dir.jsonl").mkdir()
         cases.append(([str(source), str(tmp_path / "dir.jsonl")], "is a folder; the output is a file"))
@@ -703,3 +704,9 @@ def test_the_flags_of_earlier_releases_work_with_a_one_line_warning(
             assert ("write --explain=occlusion" in warnings[0]) == ("--explain" in old), warnings[0]
         assert score(source, tmp_path / f"new{k}.jsonl", tiny_model_dir, *new, "--workers", "1", "--quiet") == 0
         assert read_output(tmp_path / f"old{k}.jsonl") == read_output(tmp_path / f"new{k}.jsonl")
+    # an old flag beside a new one that says otherwise is an error, not settled silently
+    for flags in (["--no-explain", "--explain"], ["--explain-method", "occlusion", "--explain=attention"]):
+        with pytest.raises(SystemExit) as stopped:
+            score(source, tmp_path / "clash.jsonl", tiny_model_dir, *flags, "--workers", "1", "--quiet")
+        assert stopped.value.code == 2 and "contradict each other" in capsys.readouterr().err
+        assert not (tmp_path / "clash.jsonl").exists()
