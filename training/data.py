@@ -214,7 +214,8 @@ class HANDataModule(pl.LightningDataModule):
                 train["text"][:human], self.splits["train"].targets, len(self.label_names), hp.ngram_teacher, hp.seed)
         if hp.test:
             self._keys["test"] = self._texts("test", hp.test, hp.max_eval_docs)
-            self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"]))
+            self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"],
+                                                              self._keys["test"]["row"]))
 
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
@@ -369,10 +370,11 @@ class HANDataModule(pl.LightningDataModule):
             for keys in batch["keys"]:
                 writer.add(np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
                            np.fromiter(map(len, keys), dtype=np.int32))
-        return writer.documents(self._targets(split, ds["target"]))
+        return writer.documents(self._targets(split, ds["target"], ds["row"]))
 
-    def _targets(self, split: str, labels: list[list[str]]) -> torch.Tensor:
-        """Class indices, or a 0/1 row per document for multi-label data."""
+    def _targets(self, split: str, labels: list[list[str]], rows: list[int]) -> torch.Tensor:
+        """Class indices, or a 0/1 row per document for multi-label data; a label the training split lacks
+        is named with its file and row (``rows``: each document's)."""
         assert self.label_names is not None
         index = {name: i for i, name in enumerate(self.label_names)}
         targets = (
@@ -381,7 +383,10 @@ class HANDataModule(pl.LightningDataModule):
         for row, target in enumerate(labels):
             unknown = [t for t in target if t not in index]
             if unknown:
-                raise DataError(f"{split}: label {unknown[0]!r} does not occur in the training labels")
+                hp = self.hparams
+                source = {"test": hp.test, "validation": hp.validation or hp.train}.get(split, hp.train)
+                raise DataError(f"{split} ({source}) row {rows[row]}: label {unknown[0]!r} does not occur in the "
+                                f"training labels ({', '.join(self.label_names)})")
             if self.multi_label:
                 targets[row, [index[t] for t in target]] = 1.0
             else:
