@@ -63,7 +63,11 @@ def _load_folder(path: Path) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"text": texts, "label": labels})
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
+    """The error's first line; past datasets' "An error occurred while generating the dataset", its cause's
+    (the parser's, which names the line: "Expected 3 fields in line 151, saw 5")."""
+    while type(error).__name__ == "DatasetGenerationError" and error.__cause__ is not None:
+        error = error.__cause__
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
 
