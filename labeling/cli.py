@@ -261,6 +261,8 @@ def _since(value: str | None) -> Any:
 def _labelled_file(path: str, text_column: str) -> tuple[set[str], set[str]]:
     from labeling import pool as pools
 
+    if Path(path).is_file() and Path(path).stat().st_size == 0:  # nothing labelled yet (not "the pool is empty")
+        return set(), set()
     labelled = pools.open_file(path, text_column, None, None, text_fallback="text")  # han-label import's column
     ids, hashes = set(), set()
     for batch in labelled.table.iter(batch_size=pools.WINDOW):

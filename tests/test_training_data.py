@@ -93,6 +93,11 @@ def test_unreadable_sources_name_the_problem(tmp_path) -> None:
     (tmp_path / "ragged.csv").write_text("text,label\ngood,pos\nbad,neg,extra,more\n")  # the parser's own words
     with pytest.raises(DataError, match=r"ragged.csv: cannot be read as csv \(.*Expected 2 fields in line 3, saw 4"):
         load_source(str(tmp_path / "ragged.csv"))
+    (tmp_path / "header.csv").write_text("text,label\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    for name in ("header.csv", "empty.jsonl"):
+        with pytest.raises(DataError, match=f"{name}: the file holds no rows$"):
+            load_source(str(tmp_path / name))
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(DataError, match="not a .parquet, .csv or .jsonl file"):
         load_source(str(tmp_path / "notes.txt"))

@@ -33,7 +33,10 @@ def load_source(source: str) -> datasets.Dataset:
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as e:  # datasets wraps parser errors in many types
-            raise DataError(f"{source}: cannot be read as {fmt} ({_first_line(e)})") from e
+            cause = _first_line(e)
+            if "corresponds to no data" in cause or cause == "StopIteration":  # a header alone, or nothing
+                raise DataError(f"{source}: the file holds no rows") from e
+            raise DataError(f"{source}: cannot be read as {fmt} ({cause})") from e
     if path.exists() or not _HUB_NAME.fullmatch(source):
         raise DataError(f"{source}: not found, or not a .parquet, .csv or .jsonl file or a folder of class folders")
     name, _, split = source.partition(":")
