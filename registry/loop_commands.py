@@ -44,6 +44,7 @@ def add_arguments(commands: Any) -> None:
     export.add_argument("name", help="the model name, e.g. han-imdb")
     export.add_argument("out", help="the file to write: .jsonl, .csv or .parquet")
     export.add_argument("--labelled-only", action="store_true", help="only documents with feedback (--data.train)")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (else refused)")
     export.add_argument(
         "--role",
         default="production",
@@ -188,6 +189,8 @@ def export_log(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix not in (".jsonl", ".csv", ".parquet"):
         raise CommandError(f"{out}: the output must end in .jsonl, .csv or .parquet")
+    if out.exists() and not args.overwrite:  # a labelled file from an earlier round, say: never replaced unasked
+        raise CommandError(f"{out} already exists; pass --overwrite to replace it")
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
     roles = None if args.role == "all" else [args.role]
     feedback = feedback_map(name, store_url(args), since, until)

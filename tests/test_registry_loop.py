@@ -128,6 +128,13 @@ def test_export_of_a_multi_label_model_writes_a_list_in_every_row(home: Path, tm
     assert main(["export-log", NAME, str(everything)]) == 0
     assert load_source(str(everything))["labels"].count(None) == 4  # unlabelled: null, for --data.unlabeled
     capsys.readouterr()
+    before = everything.read_bytes()  # an existing file is replaced only when asked
+    assert main(["export-log", NAME, str(everything), "--labelled-only"]) == 1
+    assert capsys.readouterr().err == f"error: {everything} already exists; pass --overwrite to replace it\n"
+    assert everything.read_bytes() == before
+    assert main(["export-log", NAME, str(everything), "--labelled-only", "--overwrite"]) == 0
+    assert load_source(str(everything))["labels"].count(None) == 0
+    capsys.readouterr()
     assert main(["export-log", NAME, str(tmp_path / "labelled.csv")]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "multi-label" in error and ".jsonl or .parquet" in error
