@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(r, "reason"):
                 continue
             words, unknown = profiles[k]
-            records.append({"id": str(k), "time": "", "label": r.label, "labels": r.labels, "scores": r.scores,
-                            "words": words, "oov": unknown / words if words else 0.0})
+            records.append({"id": str(k), "request_id": "stream", "time": "", "label": r.label, "labels": r.labels,
+                            "scores": r.scores, "words": words, "oov": unknown / words if words else 0.0})
             if truth is not None and set(truth[k]) <= set(saved.labels):
-                feedback[str(k)] = truth[k]
+                feedback[str(k), "stream"] = truth[k]  # (id, request): the answer the feedback judges
         figures = version_report(records, feedback, saved.profile, saved.labels, multi)
         name = Path(path).parent.name + "/" + Path(path).name + (f", first {first} sentence(s)" if first else "")
         fb, shift = figures["feedback"], figures["shift"]

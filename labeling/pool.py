@@ -101,7 +101,7 @@ def open_log(name: str, since: Any = None, store: str | None = None) -> Pool:
     folder = log_folder(name)
     if not folder.is_dir():
         raise PoolError(f"log:{name}: no inference log at {folder} (has a service served {name} with HAN_LOG on?)")
-    texts, ids, seen = [], [], set()
+    documents: dict[str, tuple[str, str, str | None]] = {}  # each id once: (text, id, its feedback's labels)
     hashed = 0
     for record in read_log(folder, since=since, roles=["production"]):
         text = record.get("text")
@@ -109,15 +109,15 @@ def open_log(name: str, since: Any = None, store: str | None = None) -> Pool:
             hashed += "text_sha256" in record
             continue
         key = record.get("id") or text_hash(text)
-        if key in seen:
-            continue
-        seen.add(key)
-        texts.append(text)
-        ids.append(str(record.get("id") or ""))
-    if not texts and hashed:
+        truth = feedback.get((record.get("id"), record.get("request_id")))  # the answer a feedback judged
+        if key in documents and (truth is None or documents[key][2] is not None):
+            continue  # the id's first answer, unless a later one is the judged one
+        documents[key] = (text, str(record.get("id") or ""), ", ".join(truth) if truth is not None else None)
+    if not documents and hashed:
         raise PoolError(f"log:{name}: the log holds texts' hashes only (HAN_LOG_TEXT=0): nothing to label")
-    labels = [", ".join(feedback[d]) if d in feedback else None for d in ids]
-    table = datasets.Dataset.from_dict({"text": texts, "id": ids, "label": labels})
+    rows = list(documents.values())
+    table = datasets.Dataset.from_dict({"text": [r[0] for r in rows], "id": [r[1] for r in rows],
+                                        "label": [r[2] for r in rows]})
     return Pool(f"log:{name}", table, "label")
 
 
