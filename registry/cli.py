@@ -84,6 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     loop.add_arguments(commands)
     shadow_commands.add_arguments(commands)
     args = parser.parse_args(argv)
+    for field in ("name", "tag", "new", "old"):  # '' would resolve to the default model and act on it
+        value = getattr(args, field, None)
+        if value is not None and not split_tag(value)[0].strip():
+            parser.error(f"{field}: {value!r} names no model (a name like han-imdb, or NAME:VERSION)")
     if args.command == "compare" and bool(args.data) == bool(args.shadow):
         parser.error("compare takes labelled documents (--data FILE) or the shadow log (--shadow), one of them")
     return args

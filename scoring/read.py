@@ -153,7 +153,9 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
         columns = list(features)
     elif first is not None:
         columns = list(first)
-    else:
+    else:  # no row; a CSV's header still says whether the columns asked for are there
+        if fmt == "csv" and (header := _csv_header(path)):
+            _check_columns(path, header, text_column, id_column_of(header, text_column, id_column))
         return InputFile(path, fmt, text_column, id_column, [], False, empty=True)
     id_column = id_column_of(columns, text_column, id_column)
     _check_columns(path, columns, text_column, id_column)
@@ -162,6 +164,13 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
         dtype = getattr(features[id_column], "dtype", "")
         id_is_int = dtype.startswith(("int", "uint"))
     return InputFile(path, fmt, text_column, id_column, columns, id_is_int, empty=first is None)
+
+
+def _csv_header(path: Path) -> list[str]:
+    import csv
+
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        return next(csv.reader(f), [])
 
 
 def _check_columns(path: Path, columns: list[str], text_column: str, id_column: str | None) -> None:

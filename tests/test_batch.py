@@ -383,6 +383,7 @@ def test_a_registered_bentoml_model_is_found_by_tag(tmp_path: Path, tiny_model_d
         ("broken json", "cannot read"),
         ("unknown type", "unsupported input type"),
         ("missing text column", "no column 'body'"),
+        ("header only without the text column", "no column 'text'"),
         ("missing id column", "no column 'key'"),
         ("unknown model dir", "no model directory or BentoML model named"),
         ("unknown model tag", "no model directory or BentoML model named 'han-nope:latest'"),
@@ -408,6 +409,9 @@ def test_unusable_input_or_model_stops_with_one_line(
         args[0] = str(tmp_path / "in.txt")
     elif case == "missing text column":
         args += ["--text-column", "body"]
+    elif case == "header only without the text column":
+        (tmp_path / "header.csv").write_text("id,body\n")
+        args[0] = str(tmp_path / "header.csv")
     elif case == "missing id column":
         args += ["--id-column", "key"]
     elif case == "unknown model dir":

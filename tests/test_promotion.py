@@ -249,6 +249,11 @@ def test_bad_requests_get_one_line(deployment: dict, monkeypatch) -> None:
     assert nothing.returncode == 1 and "han-nosuch: no version in the model store" in nothing.stderr
     for done in (unknown, busy, nothing):
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    pointer = (home / "deployments" / NAME / "production.json").read_text()
+    for command in (["rollback", ""], ["status", ""], ["promote", ":v1"]):  # no name: refused, nothing moved
+        empty = han_model(home, *command)
+        assert empty.returncode == 2 and "names no model" in empty.stderr.strip().splitlines()[-1], empty.stderr
+    assert (home / "deployments" / NAME / "production.json").read_text() == pointer
 
 
 def test_with_nothing_serving_a_version_that_cannot_load_is_not_promoted(deployment: dict) -> None:

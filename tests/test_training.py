@@ -406,6 +406,15 @@ def test_a_label_column_with_one_class_is_refused(tmp_path: Path, capsys: pytest
     assert "has only one class ('pos')" in capsys.readouterr().err
 
 
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", SMOKE, "--trainer.default_root_dir", "/proc/han-run", "--data.cache_dir",
+              str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.strip().splitlines()[-1].startswith("han-train: error: ")
+    assert "/proc/han-run" in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
 @pytest.mark.parametrize(("odd", "kind"), [(["pos"], "a list"), ({"a": 1}, "an object")])
 def test_a_label_column_of_mixed_kinds_names_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       odd: object, kind: str) -> None:

@@ -113,8 +113,8 @@ def main(args: list[str] | None = None) -> None:
         print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
         sys.exit(2)
-    except (DataError, CheckpointError, ModelDirectoryError, FileNotFoundError, ValueError,
-            MisconfigurationException) as e:
+    except (DataError, CheckpointError, ModelDirectoryError, OSError, ValueError,
+            MisconfigurationException) as e:  # OSError: a run or cache folder that cannot be made or written
         print(f"han-train: error: {e}", file=sys.stderr)
         sys.exit(2)
 
