@@ -406,6 +406,26 @@ def test_a_label_column_with_one_class_is_refused(tmp_path: Path, capsys: pytest
     assert "has only one class ('pos')" in capsys.readouterr().err
 
 
+def test_ctrl_c_in_the_first_seconds_is_one_line(tmp_path: Path) -> None:
+    """han-train's entry point (training.launch): Ctrl-C while torch and Lightning import, or while the
+    recipe reads the data, ends with one line and status 130."""
+    import signal
+
+    for delay in (0.3, 2.0):
+        proc = subprocess.Popen([sys.executable, "-m", "training.launch", "fit", "--config", SMOKE,
+                                 "--trainer.default_root_dir", str(tmp_path / "run"), "--data.cache_dir",
+                                 str(tmp_path / "cache")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, err[-2000:]
+        if delay < 1:  # inside the imports (torch alone takes longer): the launcher's line
+            assert proc.returncode == 130 and err.strip().splitlines()[-1] == "han-train: interrupted", err[-500:]
+        else:  # the imports, the recipe, or a fit Lightning stops on its own (status 1)
+            assert proc.returncode in (1, 130), err[-500:]
+
+
 def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", SMOKE, "--trainer.default_root_dir", "/proc/han-run", "--data.cache_dir",

@@ -113,6 +113,9 @@ def main(args: list[str] | None = None) -> None:
         print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # before the trainer runs (Lightning stops a fit on Ctrl-C itself)
+        print("han-train: interrupted", file=sys.stderr)
+        sys.exit(130)
     except (DataError, CheckpointError, ModelDirectoryError, OSError, ValueError,
             MisconfigurationException) as e:  # OSError: a run or cache folder that cannot be made or written
         print(f"han-train: error: {e}", file=sys.stderr)
