@@ -1,5 +1,6 @@
 """``han-train``: training and retraining with PyTorch Lightning.
 
+    launch.py   the han-train command: Ctrl-C during the imports stops cleanly, then cli.main
     cli.py      the LightningCLI (configs, links the data's sizes into the model)
     recipe.py   the one place that fills unset settings: from the data's profile, and the run's paths
     data.py     the DataModule: read, tokenise (cached), vocabulary, length-bucketed batches
