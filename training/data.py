@@ -215,7 +215,7 @@ class HANDataModule(pl.LightningDataModule):
         if hp.test:
             self._keys["test"] = self._texts("test", hp.test, hp.max_eval_docs)
             self.splits["test"] = LabelledTexts(self._targets("test", self._keys["test"]["target"],
-                                                              self._keys["test"]["row"]))
+                                                              self._keys["test"]))
 
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
@@ -370,11 +370,11 @@ class HANDataModule(pl.LightningDataModule):
             for keys in batch["keys"]:
                 writer.add(np.fromiter((i for sentence in keys for i in encode(sentence)), dtype=np.int32),
                            np.fromiter(map(len, keys), dtype=np.int32))
-        return writer.documents(self._targets(split, ds["target"], ds["row"]))
+        return writer.documents(self._targets(split, ds["target"], ds))
 
-    def _targets(self, split: str, labels: list[list[str]], rows: list[int]) -> torch.Tensor:
+    def _targets(self, split: str, labels: list[list[str]], ds: datasets.Dataset) -> torch.Tensor:
         """Class indices, or a 0/1 row per document for multi-label data; a label the training split lacks
-        is named with its file and row (``rows``: each document's)."""
+        is named with its file and row (``ds``'s row column, read only then)."""
         assert self.label_names is not None
         index = {name: i for i, name in enumerate(self.label_names)}
         targets = (
@@ -385,7 +385,7 @@ class HANDataModule(pl.LightningDataModule):
             if unknown:
                 hp = self.hparams
                 source = {"test": hp.test, "validation": hp.validation or hp.train}.get(split, hp.train)
-                raise DataError(f"{split} ({source}) row {rows[row]}: label {unknown[0]!r} does not occur in the "
+                raise DataError(f"{split} ({source}) row {ds[row]['row']}: label {unknown[0]!r} does not occur in the "
                                 f"training labels ({', '.join(self.label_names)})")
             if self.multi_label:
                 targets[row, [index[t] for t in target]] = 1.0
