@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import datasets
@@ -173,6 +174,21 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path, cap
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
             f"han-train: error: han-train {subcommand} needs the model to {subcommand}: --ckpt_path")
+    assert not (root / "predictions").exists()
+    # a --ckpt_path that is no checkpoint: one line naming it (Lightning reads it before any hook, where
+    # text raised a KeyError from the unpickler), and nothing written
+    not_zip, other_zip = tmp_path / "notes.ckpt", tmp_path / "other.ckpt"
+    not_zip.write_text("hello\n")
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("a.txt", "hi")
+    for path, why in ((not_zip, "not a PyTorch checkpoint"), (other_zip, "not a readable checkpoint"),
+                      (tmp_path / "missing.ckpt", "no such file"), (tmp_path, "a folder, not a checkpoint file")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+                  "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(path)])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+            f"han-train: error: --ckpt_path {path}: {why}")
     assert not (root / "predictions").exists()
     main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root),
           "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])

@@ -12,6 +12,7 @@ import pickle
 import re
 import sys
 import time
+import zipfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,20 @@ class HANCLI(LightningCLI):
                     parser.error(f'Invalid option "{flag}" for --print_config (flags: {", ".join(PRINT_FLAGS)})')
                 self.print_flags[PRINT_FLAGS[flag]] = True
         self.config = parser.parse_args([a for a in args if a.partition("=")[0] != "--print_config"])
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads the checkpoint's hyperparameters here, before any hook: a file that is no
+        # checkpoint must be named now, not met as a traceback from the unpickler.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        _check_checkpoint(ckpt_path)
+        try:
+            super()._parse_ckpt_path()
+        except pickle.UnpicklingError:
+            raise
+        except (RuntimeError, KeyError, EOFError, AttributeError, ValueError) as e:
+            raise DataError(f"--ckpt_path {ckpt_path}: not a readable checkpoint ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else '-'})") from e
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -162,3 +177,17 @@ def _seconds(max_time: Any) -> float | None:
 
 if __name__ == "__main__":
     main()
+
+
+def _check_checkpoint(ckpt_path: Any) -> None:
+    """A ``--ckpt_path`` file that is not a PyTorch checkpoint (a zip archive) named as such, where Lightning
+    would fail in the unpickler and seem to say the file holds code."""
+    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc", "registry"):
+        return
+    path = Path(str(ckpt_path))
+    if not path.exists():
+        raise DataError(f"--ckpt_path {path}: no such file")
+    if path.is_dir():
+        raise DataError(f"--ckpt_path {path}: a folder, not a checkpoint file (runs/NAME/checkpoints/last.ckpt)")
+    if not zipfile.is_zipfile(path):
+        raise DataError(f"--ckpt_path {path}: not a PyTorch checkpoint (a .ckpt file a fit wrote)")
