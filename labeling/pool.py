@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -188,8 +189,14 @@ class Scorers:
 
             quiet_resource_tracker()
             self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
-            for _ in range(n):
-                self.executor.submit(os.getpid)
+            # Born ignoring Ctrl-C, as han-score's workers are: the terminal sends it to the whole process
+            # group, and a worker still importing would print a KeyboardInterrupt traceback.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                for _ in range(n):
+                    self.executor.submit(os.getpid)
+            finally:
+                signal.signal(signal.SIGINT, previous)
         self.size = n
 
     def close(self, abandon: bool = False) -> None:

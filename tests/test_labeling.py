@@ -377,3 +377,37 @@ def test_import_refuses_a_bad_export_in_one_line_and_writes_nothing(content: str
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"han-label: error: {export}: {message}"]
     assert not out.exists() and not list(tmp_path.glob(".*tmp"))
+
+
+def test_ctrl_c_while_the_workers_start_is_one_line(pool: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole process group; a scoring worker still importing must not print a
+    KeyboardInterrupt traceback of its own (they are born ignoring it, as han-score's are)."""
+    import signal
+    import time
+
+    import psutil
+
+    env = os.environ | {"BENTOML_DO_NOT_TRACK": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "queue.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labeling.cli", "next", str(pool), "--n", "2", "--out", str(out),
+         "--model", str(tiny_model_dir), "--workers", "3"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a terminal's default disposition
+    try:
+        deadline = time.monotonic() + 60
+        def workers() -> int:
+            return sum("resource_tracker" not in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children())
+
+        while workers() < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends: to the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err == "han-label: interrupted; nothing written\n", err
+    assert not out.exists()
