@@ -14,6 +14,9 @@ its output has ``id`` where the local engine has ``row`` (and ``id``). Ray is im
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import json
 import logging
 import os
 import sys
@@ -142,7 +145,8 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
         kwargs["address"] = address
     else:
         kwargs.update(include_dashboard=False, num_cpus=num_cpus)
-    ray.init(**kwargs)
+    with _without_stderr_line(b"Set ray log level from environment variable RAY_BACKEND_LOG_LEVEL"):
+        ray.init(**kwargs)
     import ray.data
 
     # Ray Data's advice to split an input smaller than --window into more blocks is not for this job.
@@ -155,10 +159,36 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     # Ray Data's INFO lines (each dataset executed, each sink written) would bury the summary.
     for name in ("ray", "ray.data"):
         logging.getLogger(name).setLevel(logging.ERROR if quiet else logging.WARNING)
+    # Its logs of a failed task's stack: the same error ends the job, named in one line (``_one_line``).
+    for name in ("ray.data._internal.execution.streaming_executor_state", "ray.data.exceptions"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     # Its advice that the Parquet reader might want a memory reservation, every 30 s, is for clusters
     # short of memory; the summary is what a user needs to see.
     ctx.issue_detectors_config.high_memory_detector_config.detection_time_interval_s = -1
     return True
+
+
+@contextlib.contextmanager
+def _without_stderr_line(noise: bytes) -> Any:
+    """Standard error (the file descriptor: Ray's C++ core writes to it) held while the block runs, then
+    written out less the lines holding ``noise``: the line Ray's core prints, whatever the level, when
+    RAY_BACKEND_LOG_LEVEL is set (as RAY_DEFAULTS sets it to keep its errors on actor pools quiet)."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held if noise not in line)
+            if kept:
+                os.write(2, kept)
 
 
 def stop_ray() -> None:
@@ -205,7 +235,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
             ds = read(args.input, num_cpus=0.1, **extra)
             schema = ds.schema()
         except Exception as e:
-            read_error = f"cannot read {args.input}: {_one_line(e)}"
+            read_error = f"cannot read {args.input}: {_json_cause(args.input, fmt) or _one_line(e)}"
         else:
             read_error = None
         model_dir, saved = loading.result()  # a bad model's one-line error first
@@ -230,7 +260,9 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     errors = errors_path(args.output, folder=True)
     # Ray Data's read already splits the input into blocks for the cluster's parallelism, which
     # map_batches cuts into batches of --window rows: no repartition, which copied every block once more.
-    ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])))
+    # A tenth of a CPU, as the reads: at Ray Data's default of one, beside the actors' half each, a
+    # one-CPU Ray (`--num-cpus 1`, a one-core machine) never scheduled it and the job waited forever.
+    ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])), num_cpus=0.1)
     scored = ds.map_batches(
         RayScorer,
         fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors,
@@ -317,12 +349,42 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
 
 
+_JSON_KINDS = {str: "string", bool: "boolean", dict: "object", list: "list"}
+
+
+def _json_cause(path: str, fmt: str, lines: int = 1_000_000) -> str | None:
+    """Why a local JSON Lines file failed Ray's read, named by its row: Ray reads it with pyarrow, which
+    needs one type a column, and on failure retries it as one JSON document ("Extra data: line 2"),
+    which hides the cause. None where the first ``lines`` rows show none."""
+    if fmt != "json" or "://" in path or not os.path.isfile(path):
+        return None
+    kinds: dict[str, tuple[str, int]] = {}
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, encoding="utf-8") as f:
+        for row, line in enumerate(itertools.islice(f, lines)):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:
+                return f"row {row} is not JSON ({e})"
+            if not isinstance(value, dict):
+                return f"row {row} is not a JSON object"
+            for column, cell in value.items():
+                kind = "null" if cell is None else _JSON_KINDS.get(type(cell), "number")
+                first = kinds.setdefault(column, (kind, row))
+                if kind != first[0] and "null" not in (kind, first[0]):
+                    return (f"column {column!r} holds a {kind} in row {row} and a {first[0]} in row {first[1]}: "
+                            "--engine ray needs one type a column (--engine local reports such rows as errors)")
+    return None
+
+
 def _one_line(e: BaseException) -> str:
     """The error that started it, on one line: Ray's own error around a task's is the task's stack as
     text, in which the first ``SomeError: message`` not raised by Ray is the cause."""
     import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    text = re.split(r"\s*Failed to [^\n]* after \d+/\d+ attempts", text)[0]  # Ray's note of its retries
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Invalid)\b[^:]*: ", line) and not line.startswith("ray."):

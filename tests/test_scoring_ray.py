@@ -251,3 +251,27 @@ def test_a_run_that_starts_ray_stops_every_ray_process_it_started(tmp_path: Path
     assert seen, "the run's Ray processes were never seen: the check below would prove nothing"
     time.sleep(1)  # a worker told to exit may still be on its way out
     assert ray_processes() == []
+
+
+def test_one_cpu_a_quiet_run_prints_nothing_and_a_column_of_two_types_is_one_line(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Run as a user runs it, Ray started by the job, on one CPU (which hung: the column selection asked
+    for a whole CPU beside the actor's half): --quiet leaves standard error empty (Ray's core
+    printed a line of its log level at every start), and a JSON Lines text column holding a number,
+    which Ray's reader cannot take, is named with its row (Ray's retry as one JSON document said "Extra
+    data: line 2", with its stack trace logged twice)."""
+    import tempfile
+
+    good, mixed = tmp_path / "good.jsonl", tmp_path / "mixed.jsonl"
+    good.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    mixed.write_text('{"id": 0, "text": "Fine."}\n{"id": 1, "text": null}\n{"id": 2, "text": 42}\n')
+    ray_tmp = tempfile.mkdtemp(prefix="hr", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    for source, code, expected in ((good, 0, ""), (mixed, 2, (
+            "han-score: error: cannot read {}: column 'text' holds a number in row 2 and a string in row 0: "
+            "--engine ray needs one type a column (--engine local reports such rows as errors)\n"))):
+        out = subprocess.run([sys.executable, "-m", "scoring", str(source), str(tmp_path / f"{source.stem}.out.jsonl"),
+                              "--engine", "ray", "--num-cpus", "1", "--model", str(tiny_model_dir), "--quiet"],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_TMPDIR": ray_tmp})
+        assert (out.returncode, out.stderr) == (code, expected.format(source)), out.stderr[-3000:]
+    assert len(_read_folder(tmp_path / "good.out.jsonl", "json")) == len(TEXTS)
