@@ -10,6 +10,7 @@
     partial.py      atomic chunk commits, the manifest, --resume, the final merge
     progress.py     the progress bar and the summary
     ray_engine.py   --engine ray: Ray Data reads, an actor pool calling score.score_batch, part-file output
+    read_causes.py  the row a failed Ray Data read of JSON Lines or CSV stopped at
     environment.py  the environment variables han-score sets for the processes it starts
     __main__.py     ``python -m scoring``
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import Any
 from scoring import BatchError
 from scoring.formats import errors_path
 from scoring.read import id_column_of
+from scoring.read_causes import read_cause
 from scoring.score import ScoringOptions
 
 READERS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json"}
@@ -73,7 +73,6 @@ class RayScorer:
 def _batch_name(batch: Any, id_column: str, text_column: str) -> str:
     """A name from the batch's ids and texts: the same for a retry of the batch, unlike any other batch's."""
     import hashlib
-    import json
 
     digest = hashlib.sha1()
     for column in dict.fromkeys([id_column, text_column]):
@@ -235,7 +234,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
             ds = read(args.input, num_cpus=0.1, **extra)
             schema = ds.schema()
         except Exception as e:
-            read_error = f"cannot read {args.input}: {_json_cause(args.input, fmt) or _one_line(e)}"
+            read_error = f"cannot read {args.input}: {read_cause(args.input, fmt) or _one_line(e)}"
         else:
             read_error = None
         model_dir, saved = loading.result()  # a bad model's one-line error first
@@ -347,35 +346,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         + (f" (errors: {summary['errors_output']})" if summary["errors_output"] else ""),
         file=sys.stderr,
     )
-
-
-_JSON_KINDS = {str: "string", bool: "boolean", dict: "object", list: "list"}
-
-
-def _json_cause(path: str, fmt: str, lines: int = 1_000_000) -> str | None:
-    """Why a local JSON Lines file failed Ray's read, named by its row: Ray reads it with pyarrow, which
-    needs one type a column, and on failure retries it as one JSON document ("Extra data: line 2"),
-    which hides the cause. None where the first ``lines`` rows show none."""
-    if fmt != "json" or "://" in path or not os.path.isfile(path):
-        return None
-    kinds: dict[str, tuple[str, int]] = {}
-    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, encoding="utf-8") as f:
-        for row, line in enumerate(itertools.islice(f, lines)):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except ValueError as e:
-                return f"row {row} is not JSON ({e})"
-            if not isinstance(value, dict):
-                return f"row {row} is not a JSON object"
-            for column, cell in value.items():
-                kind = "null" if cell is None else _JSON_KINDS.get(type(cell), "number")
-                first = kinds.setdefault(column, (kind, row))
-                if kind != first[0] and "null" not in (kind, first[0]):
-                    return (f"column {column!r} holds a {kind} in row {row} and a {first[0]} in row {first[1]}: "
-                            "--engine ray needs one type a column (--engine local reports such rows as errors)")
-    return None
 
 
 def _one_line(e: BaseException) -> str:

@@ -275,3 +275,19 @@ def test_one_cpu_a_quiet_run_prints_nothing_and_a_column_of_two_types_is_one_lin
                              capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_TMPDIR": ray_tmp})
         assert (out.returncode, out.stderr) == (code, expected.format(source)), out.stderr[-3000:]
     assert len(_read_folder(tmp_path / "good.out.jsonl", "json")) == len(TEXTS)
+
+
+def test_a_failed_read_is_named_by_its_row(tmp_path: Path) -> None:
+    """What --engine ray says when Ray Data cannot read a local file: the row, as the local engine says it."""
+    from scoring.read_causes import read_cause
+
+    csv_file, jsonl, good = tmp_path / "a.csv", tmp_path / "a.jsonl", tmp_path / "good.jsonl"
+    csv_file.write_text('id,text\n0,"fine, really"\n1,"a\nquoted line break"\n2,ok,extra\n')
+    assert read_cause(str(csv_file), "csv") == "row 2 (line 5) has 3 fields where the header has 2"
+    jsonl.write_text('{"id": 0, "text": "x"}\n\n{"id": 1, "text": "y"}\n{"id": 2, "text": [1]}\n')
+    assert read_cause(str(jsonl), "json").startswith("column 'text' holds a list in row 3 and a string in row 0")
+    jsonl.write_text('{"id": 0, "text": "x"}\n{"id": 1, "text": "y"\n')
+    assert read_cause(str(jsonl), "json").startswith("row 1 is not JSON (")
+    good.write_text('{"id": 0, "text": "x"}\n{"id": 1.5, "text": null}\n')
+    assert read_cause(str(good), "json") is None  # numbers of both kinds and nulls are Arrow's to take
+    assert read_cause("s3://bucket/a.jsonl", "json") is None and read_cause(str(good), "parquet") is None
