@@ -202,3 +202,36 @@ def _alpha(css_color: str) -> float:
 def _rgb(css_color: str) -> tuple[int, int, int]:
     r, g, b = (int(float(v)) for v in _channels(css_color)[:3])
     return r, g, b
+
+
+HOSTILE = '<img src=x onerror="window.__pwned = 1">'
+
+
+def test_label_names_are_shown_as_text_never_as_markup(request, page: Page, tmp_path):
+    """A model's label names come from its training data (a Label Studio export, a user's file): the
+    page and the dashboard show one that looks like markup as text, and run none of it."""
+    import json
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir_quickly(request), model_dir)
+    labels = json.loads((model_dir / "labels.json").read_text())
+    labels = [HOSTILE if label == "pos" else label for label in labels]  # what the tiny model answers
+    (model_dir / "labels.json").write_text(json.dumps(labels))
+    hostile = ServiceServer.start(model_dir)
+    try:
+        status, body = hostile.post_json("/classify", {"documents": [REVIEW, "Dull and far too long."]})
+        assert status == 200 and body["results"][0]["labels"] == [HOSTILE]
+        shown = classify_on_page(page, hostile, REVIEW)
+        assert shown["state"] == "done" and sorted(s[0] for s in shown["scores"]) == sorted(labels)
+        status, _ = hostile.post_json("/feedback", {"feedback": [{"id": r["id"], "label": HOSTILE}
+                                                                 for r in body["results"]]})
+        assert status == 200
+        page.goto(hostile.url + "/dashboard")
+        page.wait_for_function("document.body.dataset.state")
+        assert page.evaluate("document.body.dataset.state") == "done", page.inner_text("#error")
+        assert HOSTILE in page.inner_text("#versions")  # the predicted labels' line, as text
+        assert page.evaluate("document.querySelectorAll('img').length") == 0
+        assert page.evaluate("window.__pwned") is None
+    finally:
+        hostile.stop()
