@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import signal
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -189,14 +188,9 @@ class Scorers:
 
             quiet_resource_tracker()
             self.executor = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_start_worker)
-            # Born ignoring Ctrl-C, as han-score's workers are: the terminal sends it to the whole process
-            # group, and a worker still importing would print a KeyboardInterrupt traceback.
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                for _ in range(n):
-                    self.executor.submit(os.getpid)
-            finally:
-                signal.signal(signal.SIGINT, previous)
+            from scoring.workers import start_ignoring_ctrl_c
+
+            start_ignoring_ctrl_c(self.executor, n, os.getpid)  # born ignoring Ctrl-C, as han-score's are
         self.size = n
 
     def close(self, abandon: bool = False) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -77,15 +78,8 @@ class Workers:
         self.pending: dict[Future[ScoredWindow], tuple[int, list[Any]]] = {}  # future -> (seq, texts)
         self.job: tuple[str, ScoringOptions] | None = None
         self.closed = False
-        # Start them all now: their imports overlap this process's checks. They are born ignoring
-        # Ctrl-C (an ignored signal stays ignored across exec): the terminal sends it to the whole
-        # process group, and a worker still importing would print a KeyboardInterrupt traceback.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            for _ in range(n):
-                self.executor.submit(_started)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        # Start them all now: their imports overlap this process's checks.
+        start_ignoring_ctrl_c(self.executor, n, _started)
 
     def configure(self, model_dir: str, options: ScoringOptions) -> None:
         """The model and settings the windows are scored with (each worker loads the model once)."""
@@ -136,6 +130,26 @@ class Workers:
             stop_at_once(self.executor)
         else:
             self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def start_ignoring_ctrl_c(executor: ProcessPoolExecutor, n: int, task: Callable[[], object]) -> None:
+    """Start ``n`` workers of ``executor`` (one ``task`` each) born ignoring Ctrl-C. The terminal sends it
+    to the whole process group, and a worker still importing would print a KeyboardInterrupt traceback.
+    An ignored signal stays ignored across exec; SIGINT is also blocked meanwhile, so that a Ctrl-C in
+    these milliseconds stays pending here (Linux never discards a blocked signal) and reaches this
+    process once its handler is back, instead of being lost. Then the workers are stopped at once."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for _ in range(n):
+            executor.submit(task)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending Ctrl-C is handled in this call
+        except KeyboardInterrupt:
+            stop_at_once(executor)
+            raise
 
 
 def stop_at_once(executor: ProcessPoolExecutor) -> None:

@@ -175,10 +175,6 @@ def _seconds(max_time: Any) -> float | None:
     return (max_time if isinstance(max_time, timedelta) else timedelta(**dict(max_time))).total_seconds()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _check_checkpoint(ckpt_path: Any) -> None:
     """A ``--ckpt_path`` file that is not a PyTorch checkpoint (a zip archive) named as such, where Lightning
     would fail in the unpickler and seem to say the file holds code."""
@@ -191,3 +187,8 @@ def _check_checkpoint(ckpt_path: Any) -> None:
         raise DataError(f"--ckpt_path {path}: a folder, not a checkpoint file (runs/NAME/checkpoints/last.ckpt)")
     if not zipfile.is_zipfile(path):
         raise DataError(f"--ckpt_path {path}: not a PyTorch checkpoint (a .ckpt file a fit wrote)")
+
+
+if __name__ == "__main__":
+    main()
+
