@@ -124,9 +124,29 @@ def run_compare(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
     tags = [_store_tag(ref) for ref in (new, old)]
     if all(tags) and split_tag(tags[0])[0] == split_tag(tags[1])[0]:  # kept where promote looks for it
         path = comparison_path(*tags)
+        kept = _refusal_kept(path, result)
+        if kept is not None:
+            print(f"the gate keeps the refusal on {kept:,} documents: this comparison, on "
+                  f"{result.get('documents') or 0:,}, is smaller (compare on at least as many, or promote with "
+                  "--force)", flush=True)
+            return result
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def _refusal_kept(path: Path, result: dict[str, Any]) -> int | None:
+    """The documents of a stored "worse" verdict that ``result`` is too small to replace: a refusal stands
+    until a comparison on at least as many documents says otherwise (a compare on 3 documents said "no
+    clear difference" and let a refused challenger through). None: ``result`` may be stored."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("verdict") != "worse" or result.get("verdict") == "worse":
+        return None
+    before = int(stored.get("documents") or 0)
+    return before if int(result.get("documents") or 0) < before else None
 
 
 def _store_tag(ref: str) -> str | None:

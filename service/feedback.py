@@ -79,12 +79,15 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
     are new for their id (none before, or others: what /metrics counts, so a label sent again is not)."""
     ids = [item.id for item in items]
     answered = store.latest_predictions(ids)
-    deadline = time.monotonic() + ANSWER_GRACE
+    deadline, flushed = time.monotonic() + ANSWER_GRACE, True
     while len(answered) < len(set(ids)) and time.monotonic() < deadline:  # an answer may be on its way to the
-        flush(ANSWER_GRACE)  # store: this worker's queue, then another worker's or replica's
+        flushed = flush(ANSWER_GRACE)  # store: this worker's queue, then another worker's or replica's
         time.sleep(0.05)
         answered.update(store.latest_predictions([i for i in ids if i not in answered]))
     unknown = list(dict.fromkeys(i for i in ids if i not in answered))
+    if unknown and not flushed:  # answers of this worker still queued (the store was down): not unknown yet
+        raise StoreError(f"the store is still catching up with this worker's answers ({unknown[0]!r} may be "
+                         "among them); send the feedback again in a few seconds")
     refused, keep = [], []
     for k, item in enumerate(items):
         if item.id not in answered:

@@ -189,6 +189,12 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     assert refused.returncode == 1 and refused.stderr.startswith("error: refused:")
     assert "worse than" in refused.stderr and "Traceback" not in refused.stderr
     assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    # a smaller comparison afterwards ("no clear difference" on 3 documents) does not lift the refusal
+    small = han_model(home, "compare", tags["worse"], f"{NAME}:production", "--data", str(DATA), "--limit", "3")
+    assert small.returncode == 0 and "the gate keeps the refusal on" in small.stdout, small.stdout + small.stderr
+    again = han_model(home, "promote", tags["worse"])
+    assert again.returncode == 1 and again.stderr.startswith("error: refused:"), again.stdout + again.stderr
+    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
     forced = han_model(home, "promote", tags["worse"], "--force")
     assert forced.returncode == 0, forced.stderr
     wait_for(urls, tags["worse"], 5)
@@ -199,7 +205,7 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     assert forced_entry["forced"] and forced_entry["comparison"]["verdict"] == "worse"
     lines = (home / "deployments" / NAME / "decisions.jsonl").read_text().splitlines()
     decisions = [json.loads(line) for line in lines]
-    assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused", "promoted"]
+    assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused", "refused", "promoted"]
 
 
 def test_a_version_that_cannot_load_leaves_the_serving_one(deployment: dict, monkeypatch) -> None:

@@ -251,6 +251,34 @@ def test_a_worker_serves_while_its_feedback_store_is_unreachable(loop: dict) -> 
     assert "Traceback" not in server.log.read_text()
 
 
+def test_feedback_while_the_store_catches_up_is_a_503_not_an_unknown_id(loop: dict) -> None:
+    """The store fails the worker's write (here a trigger reading a missing table), then works again while
+    the answer waits in the worker's queue, whose writer retries every few seconds: feedback for that
+    answer is "try again" (503), where it was "no classified document has the id" (404), which reads
+    as final. Then it is stored."""
+    import sqlite3
+
+    path = loop["tmp"] / "catching-up.sqlite3"
+    server = Server(loop["home"], loop["tmp"], env={"HAN_FEEDBACK_STORE": str(path)})
+    try:
+        with sqlite3.connect(path, isolation_level=None) as db:  # the server has made the schema by now
+            db.execute("CREATE TRIGGER fail_writes BEFORE INSERT ON predictions BEGIN SELECT * FROM missing; END")
+        status, _ = post(server.url, "/classify", {"documents": [{"id": "late-1", "text": "A fine film."}]})
+        assert status == 200
+        time.sleep(0.5)  # the writer's try fails; its next is seconds away
+        with sqlite3.connect(path, isolation_level=None) as db:
+            db.execute("DROP TRIGGER fail_writes")
+        status, body = post(server.url, "/feedback", {"feedback": [{"id": "late-1", "label": "pos"}]})
+        assert status == 503 and "catching up" in body["error"], body
+        deadline = time.monotonic() + 30
+        while status != 200 and time.monotonic() < deadline:  # once the writer has written it
+            time.sleep(1)
+            status, body = post(server.url, "/feedback", {"feedback": [{"id": "late-1", "label": "pos"}]})
+        assert status == 200 and body["stored"] == 1, body
+    finally:
+        server.stop()
+
+
 def test_a_worker_killed_under_load_leaves_a_log_of_whole_lines_with_every_answer(loop: dict) -> None:
     home, tmp, reviews = loop["home"], loop["tmp"], loop["reviews"]
     server = Server(home, tmp, workers=2)
