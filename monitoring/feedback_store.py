@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from monitoring.store_schema import JUDGED, UPSERT_FEEDBACK, create_schema
 
@@ -316,14 +316,22 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
 
 def redact(url: str) -> str:
     """The URL without its password or query (which may hold one): fit for a log line or an error."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-        return f"{parts.scheme}://{netloc}{parts.path}"
-    except ValueError:
-        return f"{url.partition('://')[0]}://(unreadable URL)"
+    scheme, _, rest = url.partition("://")
+    user, password = _credentials(url)
+    if password is not None:  # the host is after the last "@": a password may hold "@", "/" or "#" unencoded
+        rest = f"{user}:***@{rest.rpartition('@')[2]}"
+    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}"
+
+
+def _credentials(url: str) -> tuple[str, str | None]:
+    """The user and password of a URL, split at its last "@" (urlsplit stops at the first "/", "?" or "#",
+    so a password holding one, not percent-encoded, was cut short there, and only its first characters
+    were then hidden, wherever they occurred in a message)."""
+    userinfo, at, _ = url.partition("://")[2].rpartition("@")
+    if not at or ":" not in userinfo:
+        return userinfo, None
+    user, _, password = userinfo.partition(":")
+    return user, password
 
 
 def _sqlite(path: Path) -> FeedbackStore:
@@ -359,11 +367,13 @@ def _postgres(url: str) -> FeedbackStore:
         import psycopg
     except ImportError:
         raise StoreError(f"feedback store {where}: cannot open it: psycopg is not installed") from None
-    with suppress(ValueError):
-        password = urlsplit(url).password or ""
+    password = _credentials(url)[1] or ""
+    # psycopg may quote a piece of a password it could not parse: each piece of 3 characters or more is hidden
+    pieces = [piece for piece in re.split(r"[@:/?#]", password) if len(piece) >= 3]
     options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
     options.update({} if "connect_timeout" in url else {"connect_timeout": CONNECT_TIMEOUT_S})
-    return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, [password, unquote(password)])
+    secrets = sorted({password, unquote(password), *pieces} - {""}, key=len, reverse=True)  # longest first
+    return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, secrets)
 
 
 def _id(value: str) -> str:
