@@ -204,3 +204,23 @@ def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS) -> dict[str, 
         elif time.time() - float(report.get("seen", 0)) > 10 * fresh:
             path.unlink(missing_ok=True)
     return out
+
+
+def note_feedback_store(name: str, where: str | None) -> None:
+    """What a starting service records its answers and feedback in, when it is not the default SQLite
+    file (``where``: the redacted URL; None removes the note), so that ``han-model monitor`` run in a
+    shell without ``HAN_FEEDBACK_STORE`` says where to look instead of reporting no feedback."""
+    path = deployment_dir(name) / "feedback-store.json"
+    if where is None:
+        path.unlink(missing_ok=True)
+    else:
+        _write_json(path, {"store": where, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
+
+
+def noted_feedback_store(name: str) -> tuple[str, Path] | None:
+    """The store a service noted (redacted), and the note's path; None without one."""
+    path = deployment_dir(name) / "feedback-store.json"
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["store"]), path
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -316,7 +316,9 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
 
 def redact(url: str) -> str:
     """The URL without its password or query (which may hold one): fit for a log line or an error."""
-    scheme, _, rest = url.partition("://")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url  # a file's path: nothing to hide
     user, password = _credentials(url)
     if password is not None:  # the host is after the last "@": a password may hold "@", "/" or "#" unencoded
         rest = f"{user}:***@{rest.rpartition('@')[2]}"

@@ -188,7 +188,10 @@ def promote(args: argparse.Namespace) -> int:
             raise PromotionError(
                 f"{tag} has not been compared with {current}, the version in production: run "
                 f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
-        if comparison is not None:
+        if comparison is None:  # forced without one: on the record all the same
+            record_decision(name, {"tag": tag, "production": current, **details, "comparison": None,
+                                   "decision": "promoted"})
+        else:
             details["comparison"] = _summary(comparison)
             worse = comparison.get("verdict") == "worse"  # training.compare.worse_beyond_noise
             record_decision(name, {"tag": tag, "production": current, **details,

@@ -14,12 +14,13 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from model_store.production import deployment_dir, split_tag
+from model_store.production import deployment_dir, noted_feedback_store, split_tag
 from monitoring.log_files import log_folder, read_log
 from monitoring.profiles import model_facts
 
@@ -92,6 +93,9 @@ def feedback_map(name: str, url: str | None, since: datetime | None,
     from monitoring.feedback_store import open_store
 
     path = default_store(name)
+    if url is None and (noted := noted_feedback_store(name)):
+        raise CommandError(f"the service records {name}'s feedback in {noted[0]} ({noted[1]}), not in {path}: "
+                           f"pass --store URL or set {FEEDBACK_STORE_ENV}")
     if url is None and not path.exists():
         return {}
     with open_store(url, path, existing=True) as store:
@@ -197,11 +201,11 @@ def export_log(args: argparse.Namespace) -> int:
     latest: dict[str, dict[str, Any]] = {}
     judged: dict[str, dict[str, Any]] = {}  # an id's answer that its feedback judged, where it has one
     per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
+    textless = 0  # answers logged with HAN_LOG_TEXT=0 (the setting may have changed between restarts)
     for record in logged(name, since, until, roles):
         if "text" not in record:
-            raise CommandError(
-                f"{log_folder(name)}: the log keeps no text (HAN_LOG_TEXT=0 was set): there is nothing to train on"
-            )
+            textless += 1
+            continue
         tag, labels = record["model"], record.get("labels") or []
         per_label[tag] = per_label.get(tag, False) or len(labels) != 1 or _per_label_scores(record.get("scores"))
         row = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
@@ -213,6 +217,9 @@ def export_log(args: argparse.Namespace) -> int:
     latest = {doc_id: judged.get(doc_id, r) for doc_id, r in latest.items()}
     if args.labelled_only:
         latest = {doc_id: r for doc_id, r in latest.items() if "truth" in r}
+    if not latest and textless:
+        raise CommandError(f"{log_folder(name)}: the log keeps no text for the window's {textless:,} answers "
+                           "(HAN_LOG_TEXT=0 was set): there is nothing to train on")
     if not latest:
         raise CommandError(
             f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"
@@ -226,6 +233,8 @@ def export_log(args: argparse.Namespace) -> int:
     labelled = sum(1 for r in latest.values() if "truth" in r)
     column = "labels" if multi else "label"
     print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}; label column: {column}")
+    if textless:
+        print(f"left out {textless:,} logged answers without their text (logged with HAN_LOG_TEXT=0)", file=sys.stderr)
     return 0
 
 

@@ -144,8 +144,15 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
         kwargs["address"] = address
     else:
         kwargs.update(include_dashboard=False, num_cpus=num_cpus)
-    with _without_stderr_line(b"Set ray log level from environment variable RAY_BACKEND_LOG_LEVEL"):
-        ray.init(**kwargs)
+    try:
+        with _without_stderr_line(b"Set ray log level from environment variable RAY_BACKEND_LOG_LEVEL"):
+            ray.init(**kwargs)
+    except (ConnectionError, ValueError) as e:  # no cluster at the address, or an address Ray cannot read
+        if not address:
+            raise
+        from scoring import BatchError
+
+        raise BatchError(f"--address {address}: {_one_line(e)}") from None
     import ray.data
 
     # Ray Data's advice to split an input smaller than --window into more blocks is not for this job.

@@ -96,6 +96,13 @@ class ModelFollower:
             with contextlib.suppress(OSError):
                 forget_replica(self.name)
 
+    def forget(self) -> None:
+        """At shutdown: this worker's report removed, so that a promotion at once does not wait for it (the
+        following task's ``finally`` runs only if the task is cancelled before the loop stops)."""
+        if self.name is not None:
+            with contextlib.suppress(OSError):
+                forget_replica(self.name)
+
     def poll(self) -> None:
         stamp = pointer_stamp(self.name)
         if stamp != self._stamp:

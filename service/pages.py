@@ -26,10 +26,12 @@ from service.monitor_page import SINCE_PATTERN
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def make_pages(service: Callable[[], Any], version: str, feedback_request: type[BaseModel] | None = None) -> Starlette:
+def make_pages(service: Callable[[], Any], version: str,
+               feedback_request: Callable[[], type[BaseModel] | None] = lambda: None) -> Starlette:
     """The ASGI app mounted at ``/``; ``service()`` gives the BentoML service (defined after this app);
-    ``feedback_request`` is ``POST /feedback``'s request type, for the API document."""
-    spec: dict[str, Any] = {}
+    ``feedback_request()`` is ``POST /feedback``'s request type for the version served now (its labels), for
+    the API document."""
+    specs: dict[Any, dict[str, Any]] = {}  # by request type: the document follows a promotion
 
     async def index_page(_: Request) -> Response:
         return HTMLResponse((STATIC / "index.html").read_bytes())
@@ -52,9 +54,11 @@ def make_pages(service: Callable[[], Any], version: str, feedback_request: type[
         return await bentoml.get_current_service().monitor_api(request)
 
     async def openapi_json(_: Request) -> Response:
-        if not spec:
-            spec.update(openapi_document(service().openapi_spec.asdict(), version, feedback_request))
-        return JSONResponse(spec)
+        request_type = feedback_request()
+        if request_type not in specs:
+            specs.clear()
+            specs[request_type] = openapi_document(service().openapi_spec.asdict(), version, request_type)
+        return JSONResponse(specs[request_type])
 
     return Starlette(
         routes=[

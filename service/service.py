@@ -12,6 +12,7 @@ production pointer is followed while serving (``service.models``). Requests pass
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import bentoml
+from pydantic import BaseModel
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
@@ -37,12 +39,15 @@ from service.deadline import use_response_deadline
 from service.feedback import feedback_endpoint, feedback_request, model_labels
 from service.gradients import wait_for_stopped_helpers
 from service.guard import RequestGuard, error_response
+from service.metrics_dir import use_server_folder
 from service.models import ModelFollower, Served, count_documents, load_served
 from service.monitor_page import monitor_endpoint
 from service.pages import make_pages
 from service.plain_errors import JsonRefusals
 from service.settings import Settings
 from service.way_back import WayBack
+
+use_server_folder(worker=bentoml.server_context.worker_index is not None)  # before any metric exists here
 
 # (texts, explanation method or None, the model it runs on, the request's id, the documents' ids)
 Request = tuple[list[str], str | None, Served, str, list[str]]
@@ -79,9 +84,18 @@ try:
     LABELS, MULTI_LABEL = model_labels(model_path(MODEL_TAG)) or (None, False)
 except ModelNotFoundError:  # BentoML's own loading reports it
     LABELS, MULTI_LABEL = None, False
-FEEDBACK_REQUEST = feedback_request(LABELS, MULTI_LABEL)  # the schema at /docs: it lists the model's labels
 FEEDBACK_READ = feedback_request(None, MULTI_LABEL)  # what is read: labels as strings, checked item by item
 use_response_deadline()  # before BentoML builds a worker's app: no hook runs earlier
+
+
+@functools.lru_cache(16)
+def feedback_schema(tag: str) -> type[BaseModel]:
+    """``POST /feedback``'s request type as /docs shows it: the labels of version ``tag``."""
+    try:
+        labels, multi_label = model_labels(model_path(tag)) or (LABELS, MULTI_LABEL)
+    except ModelNotFoundError:
+        labels, multi_label = LABELS, MULTI_LABEL
+    return feedback_request(labels, multi_label)
 
 
 @bentoml.service(
@@ -94,7 +108,8 @@ use_response_deadline()  # before BentoML builds a worker's app: no hook runs ea
     logging={"access": {"enabled": SETTINGS.access_log}},
     tracing={"excluded_urls": [".*"]},
 )
-@bentoml.asgi_app(make_pages(lambda: HANClassifier, MODEL_TAG, FEEDBACK_REQUEST), path="/")
+@bentoml.asgi_app(make_pages(lambda: HANClassifier, MODEL_TAG,
+                             lambda: feedback_schema(bentoml.get_current_service().served.tag)), path="/")
 class HANClassifier:
     """Document classification with a Hierarchical Attention Network, with explanations."""
 
@@ -167,9 +182,14 @@ class HANClassifier:
 
     @bentoml.on_shutdown
     def _stop_helpers(self) -> None:
-        """The gradient helper stopped, and every helper told to stop gone, before the worker exits."""
+        """The worker's report gone, the gradient helper stopped, every helper told to stop gone, and the
+        store's queue written or kept."""
+        if following := getattr(self, "_following", None):
+            following.cancel()
+        self.follower.forget()
         self.served.gradients.stop()
         wait_for_stopped_helpers()
+        self.way_back.writer.close()  # what the store has not taken yet is kept for the next worker
 
     def _rest(self) -> None:
         """Once idle, a worker returns to its size at start: the pipeline's caches, then the freed heap."""

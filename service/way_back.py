@@ -5,36 +5,33 @@ log line per document (``monitoring.inference_log``, through ``bentoml.monitor``
 document), and the monitor's counters in ``/metrics``. A request answered with a 200 is therefore in
 the log even if its worker is killed a moment later. Each answer's id also goes to the feedback store
 (so that ``POST /feedback`` can tell an unknown id), but through a queue that a thread of its own
-writes: a slow or unreachable database never holds an answer back, and a worker starts without one.
+writes (``service.store_writer``): a slow or unreachable database never holds an answer back.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import han
-from model_store.production import deployment_dir
-from monitoring.feedback_store import FeedbackStore, Prediction, RejectedError, StoreError, open_store, redact
+from model_store.production import deployment_dir, note_feedback_store
+from monitoring.feedback_store import Prediction, redact
 from monitoring.inference_log import InferenceLog, LogSettings
 from monitoring.profiles import model_facts as read_model_facts
 from monitoring.report import expected_right, ks_distance, realised_right
 from service.settings import Settings
+from service.store_writer import StoreWriter
 
 logger = logging.getLogger("han.service")
 WINDOW = 1000  # the documents a worker's shift gauges are computed on
 SHIFT_EVERY = 200  # ... recomputed after this many
-QUEUE_ROWS = 100_000  # predictions waiting for the store; past this, new ones are dropped (and counted)
-RETRY_SECONDS = 5.0  # after the store fails, the next try
-RETENTION_EVERY = 3600.0  # seconds between deletions of old predictions
 Answer = tuple[str, str, str, list[str], list[str], list[han.DocumentResult], list[tuple[int, int]]]
 # (request_id, model tag, role, ids, texts, results, profiles)
 
@@ -70,111 +67,6 @@ class Metrics:
                            multiprocess_mode="max")
 
 
-class StoreWriter:
-    """The feedback store of a worker, opened on first use and written by a thread of its own."""
-
-    def __init__(self, url: str | None, default: Path, retention_days: int, dropped: Any) -> None:
-        self.url, self.default, self.retention = url, default, timedelta(days=retention_days)
-        self._store: FeedbackStore | None = None
-        self._failed_at = 0.0
-        self._open_lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, str, str, list[Prediction]]] = queue.Queue(QUEUE_ROWS)
-        self._dropped = dropped
-        self._idle = threading.Event()
-        self._idle.set()
-        self._pruned = 0.0
-        self._refused_at = 0.0
-        threading.Thread(target=self._write, name="han-feedback-store", daemon=True).start()
-
-    @property
-    def store(self) -> FeedbackStore:
-        """The open store; StoreError (one line) while it cannot be reached (tried again after a pause)."""
-        with self._open_lock:
-            if self._store is None:
-                if time.monotonic() - self._failed_at < RETRY_SECONDS and self._failed_at:
-                    where = redact(self.url) if self.url else self.default
-                    raise StoreError(f"feedback store {where}: not reachable (tried "
-                                     f"{time.monotonic() - self._failed_at:.0f} s ago)")
-                try:
-                    self._store = open_store(self.url, self.default)
-                except StoreError:
-                    self._failed_at = time.monotonic()
-                    raise
-            return self._store
-
-    def put(self, answers: Sequence[tuple[str, str, str, list[Prediction]]]) -> None:
-        for answer in answers:
-            try:
-                self._queue.put_nowait(answer)
-                self._idle.clear()
-            except queue.Full:
-                self._dropped().inc(len(answer[3]))
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until what was queued is written (what ``POST /feedback`` does before naming an id unknown)."""
-        return self._idle.wait(timeout) if not self._queue.empty() or not self._idle.is_set() else True
-
-    def _write(self) -> None:
-        warned = 0.0
-        try:
-            self.store  # noqa: B018  # opened now, not at the first answer (a server's schema check takes a while)
-        except Exception as e:
-            logger.error("cannot open the feedback store: %s", f"{e.__class__.__name__}: {e}".splitlines()[0])
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < 1000:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            while True:
-                try:
-                    self._record(batch)
-                    self._retain()
-                    break
-                except Exception as e:  # the store is down: keep the rows, try again after a pause
-                    if time.monotonic() - warned > 60:
-                        warned = time.monotonic()
-                        logger.error("cannot record predictions in the feedback store: %s",
-                                     f"{e.__class__.__name__}: {e}".splitlines()[0])
-                    if self._queue.qsize() >= QUEUE_ROWS // 2:  # and drop the oldest rather than grow
-                        self._dropped().inc(sum(len(a[3]) for a in batch))
-                        break
-                    time.sleep(RETRY_SECONDS)
-            if self._queue.empty():
-                self._idle.set()
-
-    def _record(self, batch: list[tuple[str, str, str, list[Prediction]]]) -> None:
-        """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
-        then each document is written on its own, and those refused are dropped, counted and named (once
-        a minute at most), so that one bad row never holds back the answers queued behind it."""
-        try:
-            self.store.record_many(batch)
-            return
-        except RejectedError:
-            pass
-        for request_id, tag, role, predictions in batch:
-            try:
-                self.store.record_many([(request_id, tag, role, predictions)])
-                continue
-            except RejectedError:
-                pass
-            for prediction in predictions:
-                try:
-                    self.store.record_many([(request_id, tag, role, [prediction])])
-                except RejectedError as e:
-                    self._dropped().inc()
-                    if time.monotonic() - self._refused_at > 60:
-                        self._refused_at = time.monotonic()
-                        logger.error("the feedback store refused the answer to id %r (request %s), not recorded: %s",
-                                     prediction.id[:80], request_id, str(e).splitlines()[0])
-
-    def _retain(self) -> None:
-        if time.monotonic() - self._pruned > RETENTION_EVERY:
-            self._pruned = time.monotonic()
-            self.store.forget_predictions(datetime.now(UTC) - self.retention)
-
-
 class WayBack:
     """One per worker: the log, the store and the counters."""
 
@@ -184,6 +76,8 @@ class WayBack:
                                                   settings.log_max_mb * 2**20))
         self._metrics: Metrics | None = None
         self._metrics_lock = threading.Lock()
+        with contextlib.suppress(OSError):  # where han-model monitor must look (None: the default file)
+            note_feedback_store(name, redact(settings.feedback_store) if settings.feedback_store else None)
         self.writer = StoreWriter(settings.feedback_store, default_store_path(name), settings.feedback_retention_days,
                                   lambda: self.metrics.dropped)
         self._recent: dict[str, collections.deque[tuple[int, float]]] = {}

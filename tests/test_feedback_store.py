@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -173,7 +174,7 @@ def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
 def test_a_row_the_store_refuses_never_holds_back_the_answers_behind_it(url: str, tmp_path: Path) -> None:
     """A serving worker's writer: a batch with a row the store refuses is written answer by answer and
     document by document, the refused row dropped and counted, and what was queued after it written."""
-    from service.way_back import StoreWriter
+    from service.store_writer import StoreWriter
 
     class Count:
         value = 0
@@ -190,6 +191,38 @@ def test_a_row_the_store_refuses_never_holds_back_the_answers_behind_it(url: str
     with open_store(url, tmp_path / "unused.db") as store:
         assert store.unknown(["a", "b", "c", "d"]) == []
     assert Count.value == 1
+
+
+def test_answers_queued_while_the_store_is_down_are_kept_at_shutdown_for_the_next_writer(url: str,
+                                                                                         tmp_path: Path) -> None:
+    """A worker stopping while the store is unreachable keeps its queue in a file beside the default
+    store; the next worker's writer records it once the store is there, and only then says it has
+    caught up (``flush``: what ``POST /feedback`` asks before calling an id unknown)."""
+    from service.store_writer import StoreWriter
+
+    class Count:
+        value = 0
+
+        def inc(self, n: int = 1) -> None:
+            Count.value += n
+
+    default = tmp_path / "deployment" / "feedback.sqlite3"
+    down = StoreWriter(f"postgresql://han:pw@127.0.0.1:{free_port()}/gone", default, 90, Count)
+    down.put([("req-1", MODEL, "production", predictions("a", "b")), ("req-2", MODEL, "shadow", predictions("c"))])
+    assert not down.flush(0.5)
+    down.close()
+    kept = list((default.parent / "pending-answers").iterdir())
+    assert [p.suffix for p in kept] == [".jsonl"] and Count.value == 0
+    writer = StoreWriter(url, default, 90, Count)
+    deadline = time.monotonic() + 30
+    while not writer.flush(1) and time.monotonic() < deadline:
+        pass
+    assert writer.flush(0) and not list((default.parent / "pending-answers").iterdir())
+    writer.close()
+    with open_store(url, tmp_path / "unused.db") as store:
+        assert store.unknown(["a", "b", "c"]) == []
+        assert store.latest_predictions(["a", "c"]) == {"a": (MODEL, ["pos"])}  # c was the shadow's
+    assert Count.value == 0
 
 
 def test_durable_across_a_restart(url: str, tmp_path: Path) -> None:
@@ -292,6 +325,7 @@ def test_redact() -> None:
     assert redact("postgresql://ann:pw@db:5432/fb?sslmode=require&password=pw") == "postgresql://ann:***@db:5432/fb"
     assert redact("postgresql://ann@db/fb") == "postgresql://ann@db/fb"
     assert redact("postgresql://ann:p@ss:w/rd%x#1@db:5432/fb") == "postgresql://ann:***@db:5432/fb"
+    assert redact("/srv/han/feedback.db") == "/srv/han/feedback.db"  # a file's path, as it is
 
 
 def test_reconnects_after_the_server_drops_it(tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -36,6 +36,13 @@ def model_of(url: str) -> str:
         return json.loads(response.read())["tag"]
 
 
+def documents_counted(url: str) -> int:
+    """``han_documents_total`` summed over versions, from the server's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return round(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("han_documents_total{")))
+
+
 class Traffic:
     """Requests with explanations from four threads, one after another, to each server in turn, until
     stopped: (the time each was answered, the server, the version it names)."""
@@ -175,6 +182,19 @@ def test_both_servers_follow_a_promotion_and_a_rollback_under_load(deployment: d
         metrics = response.read().decode()
     for tag in (tags["A"], tags["B"]):
         assert f'han_documents_total{{model="{tag}"}}' in metrics
+    # Each server's /metrics counts its own answers, not the other's (BentoML's folder is the home's),
+    # and a third server started on the same home wipes neither count.
+    answered = {url: sum(u == url for _, u, _ in traffic.answers) for url in urls}
+    assert [documents_counted(url) for url in urls] == [answered[url] for url in urls]
+    port, log = free_port(), deployment["tmp"] / "server-third.log"
+    with log.open("wb") as out:
+        third = start_server(NAME, port, env=base_env(home) | {"HAN_WORKERS": "1"}, log=out)
+    try:
+        assert wait_ready(f"http://127.0.0.1:{port}", third, timeout=180), log.read_text()[-3000:]
+        assert [documents_counted(url) for url in urls] == [answered[url] for url in urls]
+        assert documents_counted(f"http://127.0.0.1:{port}") == 0
+    finally:
+        stop_process_group(third)
     status = han_model(home, "status", NAME)
     assert f"production is {tags['A']}" in status.stdout and status.stdout.count("service ") == 2
     for log in deployment["logs"]:
@@ -206,6 +226,26 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     lines = (home / "deployments" / NAME / "decisions.jsonl").read_text().splitlines()
     decisions = [json.loads(line) for line in lines]
     assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused", "refused", "promoted"]
+
+
+def test_the_api_document_lists_the_labels_of_the_version_served(deployment: dict) -> None:
+    home, tags, urls, tmp = deployment["home"], deployment["tags"], deployment["urls"], deployment["tmp"]
+    relabelled = SavedModel.load(tmp / "A")
+    relabelled.labels = ["bad", "good"]
+    tag = register_model(relabelled.save(tmp / "relabelled"), home, NAME)
+
+    def documented(url: str) -> list[str]:
+        with urllib.request.urlopen(url + "/docs.json", timeout=30) as response:
+            item = json.loads(response.read())["components"]["schemas"]["FeedbackItem"]
+        return item["properties"]["label"]["enum"]
+
+    assert documented(urls[0]) == ["neg", "pos"]
+    assert han_model(home, "promote", tag, "--force").returncode == 0
+    wait_for(urls, tag, 5)
+    assert [documented(url) for url in urls] == [["bad", "good"], ["bad", "good"]]
+    assert han_model(home, "rollback", NAME).returncode == 0
+    wait_for(urls, tags["A"], 5)
+    assert documented(urls[0]) == ["neg", "pos"]
 
 
 def test_a_version_that_cannot_load_leaves_the_serving_one(deployment: dict, monkeypatch) -> None:
@@ -317,5 +357,10 @@ def test_a_store_from_before_the_pointer_serves_its_first_version(tmp_path: Path
     assert history() == [("adopt", first), ("promote", later), ("rollback", first)]
 
     pointer.unlink()  # and a new fit registered into such a store is not production either
-    register_model(tmp_path / "later", home, name)
+    again = register_model(tmp_path / "later", home, name)
     assert history() == [("adopt", first)]
+    # forced with no comparison at all: on the record as well
+    assert han_model(home, "promote", again, "--force").returncode == 0
+    decisions = (home / "deployments" / name / "decisions.jsonl").read_text().splitlines()
+    assert json.loads(decisions[-1]) | {"at": None} == {"at": None, "tag": again, "production": first, "forced": True,
+                                                       "comparison": None, "decision": "promoted"}

@@ -79,6 +79,24 @@ def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path:
     assert data.label_names == ["neg", "pos"] and len(data.unlabeled_keys()) == 32
 
 
+def test_answers_logged_without_text_are_left_out_and_counted(home: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A log written partly with HAN_LOG_TEXT=0 (the setting changed between restarts): the documents with
+    text are exported, the others counted in one line; a log with no text at all is one error."""
+    _single_label_log(home)
+    textless = {k: v for k, v in _record(40, f"{NAME}:v1", ["pos"], {"neg": 0.1, "pos": 0.9}).items() if k != "text"}
+    _write_log(home, [textless | {"text_sha256": "0" * 64}, textless | {"id": "d41", "text_sha256": "1" * 64}])
+    out = tmp_path / "labelled.jsonl"
+    capsys.readouterr()
+    assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
+    printed = capsys.readouterr()
+    assert len(out.read_text().splitlines()) == 24 and "wrote 24 documents" in printed.out
+    assert "left out 2 logged answers without their text" in printed.err
+    assert main(["export-log", NAME, str(tmp_path / "none.jsonl"), "--since", "2026-11-27T12:00:40Z"]) == 1
+    assert "the log keeps no text for the window's 2 answers" in capsys.readouterr().err
+    assert not (tmp_path / "none.jsonl").exists()
+
+
 def test_a_reused_ids_feedback_stays_with_the_text_it_labelled(home: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """The client labels answer r1 of id "a", then reuses "a" for another review: the export pairs the label

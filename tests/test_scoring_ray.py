@@ -284,3 +284,16 @@ def test_a_failed_read_is_named_by_its_row(tmp_path: Path) -> None:
     good.write_text('{"id": 0, "text": "x"}\n{"id": 1.5, "text": null}\n')
     assert read_cause(str(good), "json") is None  # numbers of both kinds and nulls are Arrow's to take
     assert read_cause("s3://bucket/a.jsonl", "json") is None and read_cause(str(good), "parquet") is None
+
+
+def test_an_address_with_no_ray_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``--address auto`` where no Ray runs (its temp folder, which names the running cluster, is a new
+    one): one line and status 2, where it was a ConnectionError traceback and status 1."""
+    src = _input(tmp_path / "in.parquet", 3)
+    done = subprocess.run([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.jsonl"), "--engine", "ray",
+                           "--address", "auto", "--model", str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=120, env=os.environ | {"RAY_TMPDIR": str(tmp_path / "ray")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("han-score: error: --address auto: Could not find any running Ray instance")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "out.jsonl").exists()

@@ -211,6 +211,20 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path, cap
     assert "test: row(s) 1, 2 have no word and were left out" in caplog.text
 
 
+def test_a_fit_run_again_into_its_folder_replaces_last_ckpt(tmp_path: Path) -> None:
+    """Run again into the same folder, last.ckpt is the new run's: Lightning's default wrote last-v1.ckpt
+    beside it, and `test --ckpt_path .../last.ckpt` read the first run's weights. The second run is a
+    onecycle schedule of exactly 10 steps (a warm-up of one step), which divided by zero."""
+    import torch
+
+    quick = ("--export.faithfulness", "0", "--export.baseline", "false")
+    root = fit(tmp_path, "--trainer.max_epochs", "1", *quick)
+    fit(tmp_path, "--trainer.max_epochs", "5", "--data.batch_size", "16", "--model.scheduler", "onecycle", *quick)
+    assert sorted(p.name for p in (root / "checkpoints").glob("last*.ckpt")) == ["last.ckpt"]
+    last = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["hyper_parameters"]["scheduler"] == "onecycle"  # the second run's
+
+
 def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     root = fit(tmp_path, "--export.faithfulness", "0", "--export.baseline", "false")

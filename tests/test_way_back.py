@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from han import SavedModel
+from monitoring.feedback_store import open_store
 from monitoring.log_files import read_log
 from service.process import free_port, start_server, stop_process_group, wait_ready
 from tests.service_server import REPO, base_env, register_model
@@ -277,6 +278,54 @@ def test_feedback_while_the_store_catches_up_is_a_503_not_an_unknown_id(loop: di
         assert status == 200 and body["stored"] == 1, body
     finally:
         server.stop()
+
+
+def test_answers_the_store_could_not_take_survive_a_restart(loop: dict) -> None:
+    """The store fails every write (the trigger again) and the service is stopped before it comes back:
+    the answer is kept in a file, not lost; the next server writes it once the store works, and feedback
+    for it is stored (503 "catching up" before that, never 404 "unknown")."""
+    import sqlite3
+
+    path = loop["tmp"] / "restart-store.sqlite3"
+    pending = loop["home"] / "deployments" / NAME / "pending-answers"
+    env = {"HAN_FEEDBACK_STORE": str(path)}
+    with open_store(str(path), path):  # the schema, so that the trigger can be made before the server starts
+        pass
+    with sqlite3.connect(path, isolation_level=None) as db:
+        db.execute("CREATE TRIGGER fail_writes BEFORE INSERT ON predictions BEGIN SELECT * FROM missing; END")
+    server = Server(loop["home"], loop["tmp"], env=env)
+    try:
+        status, _ = post(server.url, "/classify", {"documents": [{"id": "kept-1", "text": "A fine film."},
+                                                                 {"id": "kept-2", "text": "A dull film."}]})
+        assert status == 200
+        time.sleep(0.5)  # the writer's first try fails
+        reports = set((loop["home"] / "deployments" / NAME / "replicas").glob("*.json"))
+    finally:
+        server.stop()
+    # its worker's report is gone with it (a promotion at once would wait for it, then fail)
+    assert len(set((loop["home"] / "deployments" / NAME / "replicas").glob("*.json"))) == len(reports) - 1
+    kept = list(pending.glob("*.jsonl"))
+    assert len(kept) == 1 and "kept-1" in kept[0].read_text(), server.log.read_text()[-3000:]
+    assert "2 answers kept in" in server.log.read_text()
+    with sqlite3.connect(path, isolation_level=None) as db:
+        db.execute("DROP TRIGGER fail_writes")
+    server = Server(loop["home"], loop["tmp"], env=env)
+    try:
+        deadline, status = time.monotonic() + 30, 0
+        while status != 200 and time.monotonic() < deadline:
+            status, body = post(server.url, "/feedback", {"feedback": [{"id": "kept-1", "label": "pos"},
+                                                                       {"id": "kept-2", "label": "neg"}]})
+            assert status in (200, 503), body
+            time.sleep(0.5 if status != 200 else 0)
+        assert status == 200 and body["stored"] == 2, body
+        assert not list(pending.iterdir())
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log.read_text()
+    # a shell without HAN_FEEDBACK_STORE is told where the service keeps its feedback, not "none yet"
+    told = han_model(loop["home"], "monitor", NAME)
+    assert told.returncode == 1 and f"feedback in {path}" in told.stderr, told.stdout + told.stderr
+    assert han_model(loop["home"], "monitor", NAME, "--store", str(path)).returncode == 0
 
 
 def test_a_worker_killed_under_load_leaves_a_log_of_whole_lines_with_every_answer(loop: dict) -> None:

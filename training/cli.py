@@ -48,6 +48,9 @@ class HANCLI(LightningCLI):
             "checkpoint.save_last": True,
             "checkpoint.filename": "epoch{epoch}-score{val/score:.4f}",
             "checkpoint.auto_insert_metric_name": False,
+            # A fit run again into the same folder replaces last.ckpt (Lightning's default wrote
+            # last-v1.ckpt beside it, and `test --ckpt_path .../last.ckpt` read the old run's weights).
+            "checkpoint.enable_version_counter": False,
         })
         parser.add_lightning_class_args(ExportModel, "export")
         parser.add_class_arguments(SelfTraining, "self_training")

@@ -353,8 +353,11 @@ class HANModule(pl.LightningModule):
             return {"optimizer": optimizer,
                     "lr_scheduler": {"scheduler": plateau, "interval": "epoch", "monitor": PLATEAU_MONITOR}}
         total = max(1, int(self.trainer.estimated_stepping_batches))
+        # OneCycleLR divides by (warm-up steps - 1): a warm-up under two steps (10 steps at 0.1) starts
+        # at the peak instead (a share below one step) rather than dividing by zero.
+        warmup = hp.warmup_fraction if hp.warmup_fraction * total >= 2 else 0.5 / total
         schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=hp.lr, total_steps=total, pct_start=hp.warmup_fraction, cycle_momentum=False)
+            optimizer, max_lr=hp.lr, total_steps=total, pct_start=warmup, cycle_momentum=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def configure_callbacks(self) -> list[Callback]:

@@ -1,0 +1,255 @@
+"""A serving worker's writer of answers into the feedback store: a queue and a thread of its own.
+
+A slow or unreachable database never holds an answer back, and a worker starts without one. While the
+store is down the answers wait in the queue (retried every few seconds). A worker that stops before the
+store returns keeps what is still queued in a file beside the default store
+(``deployments/NAME/pending-answers/``), and the next worker of the name to start writes it, so a
+restart during an outage loses no answer; until then ``POST /feedback`` calls such ids "catching up"
+(503), not unknown. Only a worker killed outright (SIGKILL, out of memory) loses its queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from monitoring.feedback_store import FeedbackStore, Prediction, RejectedError, StoreError, open_store, redact
+
+logger = logging.getLogger("han.service")
+QUEUE_ROWS = 100_000  # predictions waiting for the store; past this, new ones are dropped (and counted)
+RETRY_SECONDS = 5.0  # after the store fails, the next try
+RETENTION_EVERY = 3600.0  # seconds between deletions of old predictions
+PENDING = "pending-answers"  # the folder, beside the default store, of answers kept at shutdown
+Row = tuple[str, str, str, list[Prediction]]  # (request_id, model tag, role, predictions)
+_STOP = ("", "", "", [])  # put by ``close``: the writer stops once it has written what was queued before
+_KEPT = re.compile(r"(\d+-\d+)\.jsonl(?:\.(\d+))?")  # a kept file, and the pid of a worker writing it
+
+
+class StoreWriter:
+    """The feedback store of a worker, opened on first use and written by a thread of its own."""
+
+    def __init__(self, url: str | None, default: Path, retention_days: int, dropped: Any) -> None:
+        self.url, self.default, self.retention = url, default, timedelta(days=retention_days)
+        self.pending = default.parent / PENDING
+        self._store: FeedbackStore | None = None
+        self._failed_at = 0.0
+        self._open_lock = threading.Lock()
+        self._queue: queue.Queue[Row] = queue.Queue(QUEUE_ROWS)
+        self._dropped = dropped
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stopping = threading.Event()
+        self._pruned = 0.0
+        self._refused_at = 0.0
+        self._thread = threading.Thread(target=self._write, name="han-feedback-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def store(self) -> FeedbackStore:
+        """The open store; StoreError (one line) while it cannot be reached (tried again after a pause)."""
+        with self._open_lock:
+            if self._store is None:
+                if time.monotonic() - self._failed_at < RETRY_SECONDS and self._failed_at:
+                    where = redact(self.url) if self.url else self.default
+                    raise StoreError(f"feedback store {where}: not reachable (tried "
+                                     f"{time.monotonic() - self._failed_at:.0f} s ago)")
+                try:
+                    self._store = open_store(self.url, self.default)
+                except StoreError:
+                    self._failed_at = time.monotonic()
+                    raise
+            return self._store
+
+    def put(self, answers: Sequence[Row]) -> None:
+        for answer in answers:
+            try:
+                self._queue.put_nowait(answer)
+                self._idle.clear()
+            except queue.Full:
+                self._dropped().inc(len(answer[3]))
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what was queued is written (what ``POST /feedback`` does before naming an id unknown);
+        False while it is not, or while answers kept at a shutdown still wait to be written."""
+        done = self._idle.wait(timeout) if not self._queue.empty() or not self._idle.is_set() else True
+        return done and not self._kept_files()
+
+    def close(self, timeout: float = 15.0) -> None:
+        """At shutdown: what is queued is written if the store takes it within ``timeout`` seconds, and
+        otherwise kept in a file for the next worker."""
+        self._stopping.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # stuck in a write: keep what it has not taken yet
+            self._keep(self._drain())
+
+    # -- the writer's thread -------------------------------------------------------------------------
+    def _write(self) -> None:
+        try:
+            self.store  # noqa: B018  # opened now, not at the first answer (a server's schema check takes a while)
+        except Exception as e:
+            logger.error("cannot open the feedback store: %s", _line(e))
+        warned, replay_at, due = 0.0, 0.0, bool(self._kept_files())
+        while True:
+            if due and time.monotonic() >= replay_at and not self._stopping.is_set():
+                due = not self._replay() or bool(self._kept_files())  # still due: a sibling's, or failed
+                replay_at = time.monotonic() + RETRY_SECONDS
+            try:
+                batch = [self._queue.get(timeout=RETRY_SECONDS if due else None)]
+            except queue.Empty:
+                continue
+            while len(batch) < 1000 and batch[-1] is not _STOP:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = batch[-1] is _STOP
+            batch = [b for b in batch if b is not _STOP]
+            while batch:
+                try:
+                    self._record(batch)
+                    self._retain()
+                    break
+                except Exception as e:  # the store is down: keep the rows, try again after a pause
+                    if time.monotonic() - warned > 60:
+                        warned = time.monotonic()
+                        logger.error("cannot record predictions in the feedback store: %s", _line(e))
+                    if self._stopping.is_set():
+                        self._keep(batch + self._drain())
+                        return
+                    if self._queue.qsize() >= QUEUE_ROWS // 2:  # and drop the oldest rather than grow
+                        self._dropped().inc(sum(len(a[3]) for a in batch))
+                        break
+                    self._stopping.wait(RETRY_SECONDS)
+            if stop:
+                return
+            if self._queue.empty():
+                self._idle.set()
+
+    def _drain(self) -> list[Row]:
+        rows = []
+        while True:
+            try:
+                row = self._queue.get_nowait()
+            except queue.Empty:
+                return rows
+            if row is not _STOP:
+                rows.append(row)
+
+    def _record(self, batch: list[Row]) -> None:
+        """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
+        then each document is written on its own, and those refused are dropped, counted and named (once
+        a minute at most), so that one bad row never holds back the answers queued behind it."""
+        try:
+            self.store.record_many(batch)
+            return
+        except RejectedError:
+            pass
+        for request_id, tag, role, predictions in batch:
+            try:
+                self.store.record_many([(request_id, tag, role, predictions)])
+                continue
+            except RejectedError:
+                pass
+            for prediction in predictions:
+                try:
+                    self.store.record_many([(request_id, tag, role, [prediction])])
+                except RejectedError as e:
+                    self._dropped().inc()
+                    if time.monotonic() - self._refused_at > 60:
+                        self._refused_at = time.monotonic()
+                        logger.error("the feedback store refused the answer to id %r (request %s), not recorded: %s",
+                                     prediction.id[:80], request_id, str(e).splitlines()[0])
+
+    def _retain(self) -> None:
+        if time.monotonic() - self._pruned > RETENTION_EVERY:
+            self._pruned = time.monotonic()
+            self.store.forget_predictions(datetime.now(UTC) - self.retention)
+
+    # -- answers kept across a restart ---------------------------------------------------------------
+    def _keep(self, rows: list[Row]) -> None:
+        """Write ``rows`` to a new file in the pending folder (whole or not at all), and say so."""
+        if not rows:
+            return
+        n = sum(len(r[3]) for r in rows)
+        path = self.pending / f"{time.time_ns()}-{os.getpid()}.jsonl"
+        try:
+            self.pending.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            with partial.open("w", encoding="utf-8") as f:
+                for request_id, tag, role, predictions in rows:
+                    f.write(json.dumps({"request_id": request_id, "model": tag, "role": role, "predictions": [
+                        [p.id, p.labels, p.score] for p in predictions]}, ensure_ascii=False) + "\n")
+            partial.replace(path)
+        except OSError as e:
+            self._dropped().inc(n)
+            logger.error("%d answers not recorded in the feedback store (it is unreachable) and not kept: %s",
+                         n, _line(e))
+            return
+        logger.error("the feedback store is unreachable: %d answers kept in %s; the next worker to start "
+                     "records them", n, path)
+
+    def _kept_files(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.pending.iterdir() if _KEPT.fullmatch(p.name))
+        except OSError:
+            return []
+
+    def _replay(self) -> bool:
+        """Record the answers kept by stopped workers, a file at a time, each claimed by renaming it so
+        that sibling workers never write one twice. False when the store failed (tried again later)."""
+        for path in self._kept_files():
+            name, owner = _KEPT.fullmatch(path.name).groups()  # type: ignore[union-attr]
+            if owner and int(owner) != os.getpid() and _alive(int(owner)):
+                continue  # a live sibling is writing it
+            claimed = self.pending / f"{name}.jsonl.{os.getpid()}"
+            try:
+                path.replace(claimed)
+                rows = [_row(json.loads(line)) for line in claimed.read_text(encoding="utf-8").splitlines() if line]
+            except FileNotFoundError:
+                continue  # a sibling claimed it first
+            except (OSError, ValueError, KeyError, TypeError) as e:  # never blocks the others: set aside
+                with contextlib.suppress(OSError):
+                    claimed.replace(claimed.with_name(f"{name}.unreadable"))
+                logger.error("cannot read the kept answers in %s (set aside as %s.unreadable): %s", path, name,
+                             _line(e))
+                continue
+            try:
+                self._record(rows)
+            except Exception as e:
+                claimed.replace(self.pending / f"{name}.jsonl")
+                logger.error("cannot record the kept answers in %s yet: %s", path.name, _line(e))
+                return False
+            claimed.unlink(missing_ok=True)
+            logger.info("recorded %d answers kept at a shutdown (%s)", sum(len(r[3]) for r in rows), path.name)
+        return True
+
+
+def _row(item: dict[str, Any]) -> Row:
+    return (item["request_id"], item["model"], item["role"], [Prediction(i, labels, score)
+                                                             for i, labels, score in item["predictions"]])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _line(e: BaseException) -> str:
+    return f"{e.__class__.__name__}: {e}".splitlines()[0]
