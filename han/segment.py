@@ -33,9 +33,16 @@ with torch_left_out():  # the tokenizer needs no torch (see torch_left_out)
 
 # `<br>`, `<br/>`, `<br />`, `<p>`, `</p>`: paragraph structure in scraped text (IMDB has plenty).
 _BREAK_TAG = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)
-# Control characters (not tab/newline/CR), zero-width marks and BOM, line/paragraph separators,
-# lone surrogates (which JSON can carry and which spaCy cannot take).
-_JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ud800-\udfff]")
+# Control characters (not tab/newline/CR), zero-width marks and BOM, line/paragraph separators, the
+# invisible format characters that never belong to a word (bidi embeddings, overrides and isolates, the
+# Arabic letter mark, invisible operators, interlinear annotation marks), and lone surrogates (which JSON
+# can carry and which spaCy cannot take).
+_JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2061-\u2064"
+                   "\u2066-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]")
+# A soft hyphen or word joiner inside a word is kept (the word's key drops it: co\u00adoperate is
+# cooperate); anywhere else it is blanked, so that it is never a word of its own.
+_IN_WORD_ONLY = "\u00ad\u2060"
+_STRAY = re.compile(f"[{_IN_WORD_ONLY}](?!\\w)|(?<!\\w)[{_IN_WORD_ONLY}]")
 # Text chunks (between spaces) whose tokens spaCy's tokenizer caches, which never evicts: 30,000 instead
 # of its 10,000 is faster on a stream of reviews, and larger costs every process's memory for little more.
 # The tokens, and so every output, are the same at any size.
@@ -152,7 +159,8 @@ class Segment:
 def clean_text(text: str) -> str:
     """Return ``text`` with markup and junk blanked out, keeping its length (so offsets hold)."""
     text = _BREAK_TAG.sub(lambda m: "\n" + " " * (len(m.group()) - 1), text)
-    return _JUNK.sub(" ", text)
+    text = _JUNK.sub(" ", text)
+    return _STRAY.sub(" ", text) if "\u00ad" in text or "\u2060" in text else text
 
 
 def has_words(text: str, max_chars: int) -> bool:
@@ -162,9 +170,12 @@ def has_words(text: str, max_chars: int) -> bool:
 
 
 def token_key(token_text: str) -> str:
-    """The vocabulary key of a token: lower case, Unicode NFC."""
+    """The vocabulary key of a token: lower case, Unicode NFC, without soft hyphens and word joiners."""
     key = token_text.lower()
-    return key if key.isascii() else unicodedata.normalize("NFC", key)
+    if key.isascii():
+        return key
+    key = unicodedata.normalize("NFC", key)
+    return key.replace("\u00ad", "").replace("\u2060", "") if "\u00ad" in key or "\u2060" in key else key
 
 
 class Segmenter:

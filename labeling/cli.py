@@ -212,7 +212,7 @@ def _next(args: argparse.Namespace, out: Path, scorers: Any) -> None:
     scorers.close(abandon=True)  # their work is done: stopped at once, not after torch's slow teardown
     bad_rows = {row for row, _ in bad}
     for row, reason in bad[:10]:
-        print(f"han-label: {pool.name}: row {row + 1} ({_doc_id(pool, row)}): left out: {reason}", file=sys.stderr)
+        print(f"han-label: {pool.name}: row {row} ({_doc_id(pool, row)}): left out: {reason}", file=sys.stderr)
     if len(bad) > 10:
         print(f"han-label: {pool.name}: {len(bad) - 10:,} more rows left out for the same reasons", file=sys.stderr)
     good = np.array([k for k, row in enumerate(rows) if int(row) not in bad_rows], dtype=np.int64)

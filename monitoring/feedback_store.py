@@ -22,8 +22,7 @@ from urllib.parse import unquote
 from monitoring.store_schema import JUDGED, UPSERT_FEEDBACK, create_schema
 
 ROLES = ("production", "shadow")
-# How long a writer waits for another process's transaction before giving up (SQLite's busy timeout).
-BUSY_TIMEOUT_S = 30.0
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction (SQLite's busy timeout)
 CONNECT_TIMEOUT_S = 10
 _CHUNK = 500  # ids per IN (...) query: far below SQLite's limit on parameters
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -77,7 +76,8 @@ class FeedbackStore:
     """Predictions and feedback in one database. One connection per store, its calls serialised by a
     lock, so a store may be shared by a process's threads; each process opens its own (``open_store``)."""
 
-    def __init__(self, connect: Callable[[], Any], dialect: str, where: str, secrets: Sequence[str] = ()) -> None:
+    def __init__(self, connect: Callable[[], Any], dialect: str, where: str, secrets: Sequence[str] = (),
+                 create: bool = True) -> None:
         self.dialect = dialect
         self.where = where  # the file or URL without its password: safe to log
         self._connect = connect
@@ -91,7 +91,8 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         with self._transaction(write=True) as cur:
-            create_schema(cur, dialect)
+            if not create_schema(cur, dialect, create):
+                raise StoreError(f"feedback store {where}: it has no feedback tables (not the service's store?)")
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
                            role: str = "production", at: datetime | None = None) -> int:
@@ -309,7 +310,7 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
             raise StoreError(f"feedback store {path}: no such file")
         return _sqlite(path)
     if name in ("postgresql", "postgres"):
-        return _postgres(text)
+        return _postgres(text, create=not existing)
     raise StoreError(f"feedback store {redact(text)}: cannot open it: unsupported URL "
                      "(use a file path, sqlite:///path or postgresql://user@host:port/db)")
 
@@ -363,7 +364,7 @@ def _sqlite(path: Path) -> FeedbackStore:
     return FeedbackStore(connect, "sqlite", str(path))
 
 
-def _postgres(url: str) -> FeedbackStore:
+def _postgres(url: str, create: bool) -> FeedbackStore:
     where, password = redact(url), ""
     try:
         import psycopg
@@ -375,7 +376,7 @@ def _postgres(url: str) -> FeedbackStore:
     options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
     options.update({} if "connect_timeout" in url else {"connect_timeout": CONNECT_TIMEOUT_S})
     secrets = sorted({password, unquote(password), *pieces} - {""}, key=len, reverse=True)  # longest first
-    return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, secrets)
+    return FeedbackStore(lambda: psycopg.connect(url, **options), "postgresql", where, secrets, create)
 
 
 def _id(value: str) -> str:

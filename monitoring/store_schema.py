@@ -49,9 +49,16 @@ JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM p
            "LEFT JOIN predictions p ON p.seq = f.judged_seq")
 
 
-def create_schema(cur: Any, dialect: str) -> None:
+def create_schema(cur: Any, dialect: str, create: bool = True) -> bool:
     """Create the tables where they are missing and add the columns an older store lacks (``cur``: the
-    store's cursor, in the transaction that opens it)."""
+    store's cursor, in the transaction that opens it). A store that has them all is left alone, so that a
+    role without the right to create (a reader, an application role granted rows only) opens it. Without
+    ``create`` (a reader's), missing tables are not made: False, where a mistyped database got them."""
+    have = _columns(cur, dialect)
+    if {"predictions", "feedback"} <= set(have) and "judged_seq" in have["feedback"]:
+        return True
+    if not create and not {"predictions", "feedback"} <= set(have):
+        return False
     if dialect == "postgresql":
         cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
     for statement in SCHEMA.format(max_id=MAX_ID_LENGTH, **TYPES[dialect]).split(";"):
@@ -62,3 +69,18 @@ def create_schema(cur: Any, dialect: str) -> None:
         cur.execute("PRAGMA table_info(feedback)")
         if "judged_seq" not in {row[1] for row in cur.fetchall()}:
             cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {TYPES[dialect]['int']}")
+    return True
+
+
+def _columns(cur: Any, dialect: str) -> dict[str, set[str]]:
+    """The store's tables that exist, with their columns."""
+    if dialect == "postgresql":
+        cur.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = "
+                    "current_schema() AND table_name IN ('predictions', 'feedback')")
+    else:
+        cur.execute("SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p "
+                    "WHERE m.type = 'table' AND m.name IN ('predictions', 'feedback')")
+    out: dict[str, set[str]] = {}
+    for table, column in cur.fetchall():
+        out.setdefault(table, set()).add(column)
+    return out

@@ -26,18 +26,21 @@ VALIDATED: ContextVar[tuple[bytes, ClassifyRequest] | None] = ContextVar("han_va
 
 # A document has a word: han.segment.has_words, as one regex that means the same in ECMA-262 (JSON
 # Schema's dialect, which Schemathesis and clients read) and in Python's re (which the service applies).
-# Blank: whitespace (str.isspace) or a character clean_text removes (controls, zero-width marks, BOM;
+# Blank: whitespace (str.isspace) or a character clean_text removes (controls, zero-width marks, BOM,
+# invisible format characters; a soft hyphen or word joiner, which stays only between two word characters;
 # not lone surrogates: no JSON text the service accepts holds one, and JSON Schema validators reject the
 # range); a break tag (<br>, <br/>, <p>, </p>, any case, whitespace inside) is blank too.
 # A document has a word where, after blanks and break tags, comes a character that is neither blank
 # nor the start of a break tag. Written out as ranges (tests/test_service_units.py checks them against
 # han.segment), and without nested repeats, so that it runs in linear time.
 _SPACE = r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-_BLANK = r"\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200f\u2028\u2029\u202f\u205f\u3000\ufeff"
+_BLANK = (r"\u0000-\u0020\u007f-\u00a0\u00ad\u061c\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u2069"
+          r"\u3000\ufeff\ufff9-\ufffb")
 _TAG_REST = rf"[{_SPACE}]*(?:[Bb][Rr]|/?[Pp])[{_SPACE}]*(?:/[{_SPACE}]*)?>"  # a break tag after its "<"
 HAS_WORDS = rf"^[{_BLANK}]*(?:<{_TAG_REST}[{_BLANK}]*)*(?:[^{_BLANK}<]|<(?!{_TAG_REST}))"
 TEXT_RULE = (
-    "At least one word: a character other than whitespace, control or zero-width characters and the break "
+    "At least one word: a character other than whitespace, control, zero-width or invisible format characters "
+    "(bidi controls, soft hyphens, word joiners) and the break "
     "tags `<br>`, `<br/>`, `<p>` and `</p>` (what the model's segmenter reads as blank). The pattern states "
     "exactly this rule, and the service applies that same pattern. One refusal the schema cannot state (a "
     "model's caps are not in it): a text with no word within its first max_chars characters (GET /model's "

@@ -343,3 +343,39 @@ def test_reconnects_after_the_server_drops_it(tmp_path: Path, request: pytest.Fi
                                   (database,)).fetchall()
         assert ended == [(True,)]
         assert store.unknown(["a", "b"]) == ["b"]
+
+
+def test_roles_granted_rows_only_open_the_store_and_a_reader_creates_nothing(tmp_path: Path,
+                                                                            request: pytest.FixtureRequest) -> None:
+    """The store's owner makes the tables; an application role granted rows only (no CREATE on the schema)
+    writes, and a read-only role reads: opening a store that has its tables runs no DDL. A reader pointed
+    at a database without them (a mistyped name) is told so, and the database is left as it was."""
+    import uuid
+
+    import psycopg
+
+    server = shared_postgres(request.config)
+    url = server.create_database()
+    with open_store(url, tmp_path / "unused.db") as store:
+        store.record_predictions("req-1", MODEL, predictions("a"))
+    reader, app = (f"{role}_{uuid.uuid4().hex[:8]}" for role in ("reader", "app"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        for role, rights in ((reader, "SELECT"), (app, "SELECT, INSERT, UPDATE, DELETE")):
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+            conn.execute(f"GRANT {rights} ON ALL TABLES IN SCHEMA public TO {role}")
+
+    def as_role(role: str) -> str:
+        return url.replace("//postgres@", f"//{role}@", 1)
+
+    with open_store(as_role(app), tmp_path / "unused.db") as store:
+        store.record_predictions("req-2", MODEL, predictions("b"))
+        store.add_feedback([Feedback("b", ["pos"])])
+    with open_store(as_role(reader), tmp_path / "unused.db", existing=True) as store:
+        assert store.unknown(["a", "b", "c"]) == ["c"]
+    empty = server.create_database()
+    with pytest.raises(StoreError, match="it has no feedback tables"):
+        open_store(empty, tmp_path / "unused.db", existing=True)
+    with psycopg.connect(empty) as conn:
+        assert conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+                            ).fetchone()[0] == 0

@@ -161,13 +161,15 @@ def test_next_chooses_each_text_once(pool: Path, tiny_model_dir: Path, tmp_path:
     rows = [json.loads(line) for line in pool.read_text().splitlines()]
     copies = [dict(rows[5], id=f"copy-{k}") for k in range(2)]  # one unlabelled review, three times
     pooled = tmp_path / "copies.jsonl"
-    pooled.write_text("".join(json.dumps(r) + "\n" for r in rows + copies))
+    pooled.write_text("".join(json.dumps(r) + "\n" for r in rows + copies + [{"id": "blank", "text": "   "}]))
     out = tmp_path / "queue.jsonl"
     unique = len(rows) - 4  # the first four are labelled
     done = han_label("next", str(pooled), "--n", str(unique), "--out", str(out), "--model", str(tiny_model_dir),
                      "--strategy", "random", "--holdout", "0")
     assert done.returncode == 0, done.stderr
     assert f"han-label: {pooled}: 2 rows repeat an earlier row's text: left out" in done.stderr
+    # rows are numbered from 0, as han-train's and han-score's are (and as row-N ids are)
+    assert f"han-label: {pooled}: row {len(rows) + 2} (blank): left out:" in done.stderr
     chosen = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(chosen) == sorted(r["id"] for r in rows[4:])
 

@@ -52,6 +52,17 @@ def test_clean_text_keeps_length_and_removes_control_characters() -> None:
     assert "\x00" not in cleaned and "\u200b" not in cleaned and "<br" not in cleaned
 
 
+def test_invisible_format_characters_are_never_words() -> None:
+    """Bidi controls, the word joiner, a soft hyphen or an invisible operator standing alone is no word, and
+    a document of nothing else is empty; a soft hyphen or word joiner inside a word leaves its key whole."""
+    text = "\u2067Great\u2069 co\u00adoperate \u2060 \u00ad \u202e foo\u2060bar \u2062 \u061c"
+    seg = SEG.segment(text)
+    assert seg.token_keys == [["great", "cooperate", "foobar"]]
+    assert [text[a:b] for a, b in seg.token_spans[0]] == ["Great", "co\u00adoperate", "foo\u2060bar"]
+    with pytest.raises(EmptyDocumentError):
+        SEG.segment("\u2060 \u00ad\u202a\u2066 \u180e")
+
+
 def test_keys_are_lowercased_and_nfc_normalised_while_spans_keep_the_original() -> None:
     decomposed = "Cafe\u0301 GREAT"  # e + combining acute accent
     seg = SEG.segment(decomposed)

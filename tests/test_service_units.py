@@ -312,7 +312,8 @@ def test_the_documents_pattern_is_the_segmenters_rule_for_a_word():
     pattern = re.compile(HAS_WORDS)
     characters = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
     assert [c for c in characters if bool(pattern.match(c)) != has_words(c, 2)] == []
-    pieces = [" ", "\t", "\n", "\x00", "\x1c", "\x85", "\xa0", "\u200b", "\ufeff", "\u3000", "\u2028", "<", ">",
+    pieces = [" ", "\t", "\n", "\x00", "\x1c", "\x85", "\xa0", "\u200b", "\ufeff", "\u3000", "\u2028", "\u00ad",
+              "\u2060", "\u202e", "<", ">",
               "/", "b", "R", "p", "P", "<br>", "<br />", "</p>", "<p>", "< BR/ >", "<P\t/\n>", "<br", "<b r>", "</ p>",
               "<//p>", "a", ".", "é", "😀"]
     rng = random.Random(60)
