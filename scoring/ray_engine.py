@@ -141,6 +141,7 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     apply_ray_defaults(local=not address)
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
     if address:
+        _reachable(address)
         kwargs["address"] = address
     else:
         kwargs.update(include_dashboard=False, num_cpus=num_cpus)
@@ -172,6 +173,21 @@ def init_ray(address: str | None, num_cpus: int | None, quiet: bool) -> bool:
     # short of memory; the summary is what a user needs to see.
     ctx.issue_detectors_config.high_memory_detector_config.detection_time_interval_s = -1
     return True
+
+
+def _reachable(address: str) -> None:
+    """A HOST:PORT that nothing answers is named at once: Ray would try it for minutes (ray#46863)."""
+    import socket
+
+    from scoring import BatchError
+
+    host, _, port = address.rpartition(":")
+    if address.startswith("ray://") or not host or not port.isdigit():
+        return  # "auto", a Ray Client URL, or a form Ray itself explains
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise BatchError(f"--address {address}: no Ray answers there ({e.strerror or e})") from None
 
 
 @contextlib.contextmanager

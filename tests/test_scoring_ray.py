@@ -286,14 +286,20 @@ def test_a_failed_read_is_named_by_its_row(tmp_path: Path) -> None:
     assert read_cause("s3://bucket/a.jsonl", "json") is None and read_cause(str(good), "parquet") is None
 
 
-def test_an_address_with_no_ray_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("where", ["auto", "port"])
+def test_an_address_with_no_ray_is_one_line(tmp_path: Path, tiny_model_dir: Path, where: str) -> None:
     """``--address auto`` where no Ray runs (its temp folder, which names the running cluster, is a new
-    one): one line and status 2, where it was a ConnectionError traceback and status 1."""
+    one): one line and status 2, where it was a ConnectionError traceback and status 1; a HOST:PORT that
+    nothing answers, the same at once (Ray tried it for minutes)."""
+    from service.process import free_port
+
+    address = "auto" if where == "auto" else f"127.0.0.1:{free_port()}"
     src = _input(tmp_path / "in.parquet", 3)
     done = subprocess.run([sys.executable, "-m", "scoring", str(src), str(tmp_path / "out.jsonl"), "--engine", "ray",
-                           "--address", "auto", "--model", str(tiny_model_dir)], capture_output=True, text=True,
+                           "--address", address, "--model", str(tiny_model_dir)], capture_output=True, text=True,
                           timeout=120, env=os.environ | {"RAY_TMPDIR": str(tmp_path / "ray")})
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("han-score: error: --address auto: Could not find any running Ray instance")
+    assert done.stderr.startswith(f"han-score: error: --address {address}: " + (
+        "Could not find any running Ray instance" if where == "auto" else "no Ray answers there (Connection refused)"))
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "out.jsonl").exists()
