@@ -218,8 +218,9 @@ def export_log(args: argparse.Namespace) -> int:
     if args.labelled_only:
         latest = {doc_id: r for doc_id, r in latest.items() if "truth" in r}
     if not latest and textless:
-        raise CommandError(f"{log_folder(name)}: the log keeps no text for the window's {textless:,} answers "
-                           "(HAN_LOG_TEXT=0 was set): there is nothing to train on")
+        raise CommandError(f"{log_folder(name)}: no logged document{' with feedback' if args.labelled_only else ''} "
+                           f"in the window has its text ({textless:,} answers were logged without it, "
+                           "HAN_LOG_TEXT=0): there is nothing to train on")
     if not latest:
         raise CommandError(
             f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"

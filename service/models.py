@@ -93,8 +93,7 @@ class ModelFollower:
                     self.poll()
                 await asyncio.sleep(POLL_SECONDS)
         finally:
-            with contextlib.suppress(OSError):
-                forget_replica(self.name)
+            self.forget()
 
     def forget(self) -> None:
         """At shutdown: this worker's report removed, so that a promotion at once does not wait for it (the

@@ -93,7 +93,7 @@ def test_answers_logged_without_text_are_left_out_and_counted(home: Path, tmp_pa
     assert len(out.read_text().splitlines()) == 24 and "wrote 24 documents" in printed.out
     assert "left out 2 logged answers without their text" in printed.err
     assert main(["export-log", NAME, str(tmp_path / "none.jsonl"), "--since", "2026-11-27T12:00:40Z"]) == 1
-    assert "the log keeps no text for the window's 2 answers" in capsys.readouterr().err
+    assert "no logged document in the window has its text (2 answers were logged without it" in capsys.readouterr().err
     assert not (tmp_path / "none.jsonl").exists()
 
 
