@@ -252,18 +252,24 @@ def test_a_worker_serves_while_its_feedback_store_is_unreachable(loop: dict) -> 
     assert "Traceback" not in server.log.read_text()
 
 
-def test_feedback_while_the_store_catches_up_is_a_503_not_an_unknown_id(loop: dict) -> None:
-    """The store fails the worker's write (here a trigger reading a missing table), then works again while
-    the answer waits in the worker's queue, whose writer retries every few seconds: feedback for that
-    answer is "try again" (503), where it was "no classified document has the id" (404), which reads
-    as final. Then it is stored."""
+def test_answers_the_store_could_not_take_wait_for_it_even_across_a_restart(loop: dict) -> None:
+    """The store fails the worker's writes (here a trigger reading a missing table). While the answer waits
+    in the worker's queue, whose writer retries every few seconds, feedback for it is "try again" (503),
+    where it was "no classified document has the id" (404), which reads as final; then it is stored. The
+    store fails again and the service is stopped before it comes back: the answers are kept in a file, not
+    lost, and the next server writes them once the store works (503 before that, never 404)."""
     import sqlite3
 
-    path = loop["tmp"] / "catching-up.sqlite3"
-    server = Server(loop["home"], loop["tmp"], env={"HAN_FEEDBACK_STORE": str(path)})
+    path = loop["tmp"] / "failing-store.sqlite3"
+    pending = loop["home"] / "deployments" / NAME / "pending-answers"
+    env = {"HAN_FEEDBACK_STORE": str(path)}
+    fail = "CREATE TRIGGER fail_writes BEFORE INSERT ON predictions BEGIN SELECT * FROM missing; END"
+    with open_store(str(path), path):  # the schema, so that the trigger can be made before the server starts
+        pass
+    with sqlite3.connect(path, isolation_level=None) as db:
+        db.execute(fail)
+    server = Server(loop["home"], loop["tmp"], env=env)
     try:
-        with sqlite3.connect(path, isolation_level=None) as db:  # the server has made the schema by now
-            db.execute("CREATE TRIGGER fail_writes BEFORE INSERT ON predictions BEGIN SELECT * FROM missing; END")
         status, _ = post(server.url, "/classify", {"documents": [{"id": "late-1", "text": "A fine film."}]})
         assert status == 200
         time.sleep(0.5)  # the writer's try fails; its next is seconds away
@@ -276,25 +282,8 @@ def test_feedback_while_the_store_catches_up_is_a_503_not_an_unknown_id(loop: di
             time.sleep(1)
             status, body = post(server.url, "/feedback", {"feedback": [{"id": "late-1", "label": "pos"}]})
         assert status == 200 and body["stored"] == 1, body
-    finally:
-        server.stop()
-
-
-def test_answers_the_store_could_not_take_survive_a_restart(loop: dict) -> None:
-    """The store fails every write (the trigger again) and the service is stopped before it comes back:
-    the answer is kept in a file, not lost; the next server writes it once the store works, and feedback
-    for it is stored (503 "catching up" before that, never 404 "unknown")."""
-    import sqlite3
-
-    path = loop["tmp"] / "restart-store.sqlite3"
-    pending = loop["home"] / "deployments" / NAME / "pending-answers"
-    env = {"HAN_FEEDBACK_STORE": str(path)}
-    with open_store(str(path), path):  # the schema, so that the trigger can be made before the server starts
-        pass
-    with sqlite3.connect(path, isolation_level=None) as db:
-        db.execute("CREATE TRIGGER fail_writes BEFORE INSERT ON predictions BEGIN SELECT * FROM missing; END")
-    server = Server(loop["home"], loop["tmp"], env=env)
-    try:
+        with sqlite3.connect(path, isolation_level=None) as db:
+            db.execute(fail)
         status, _ = post(server.url, "/classify", {"documents": [{"id": "kept-1", "text": "A fine film."},
                                                                  {"id": "kept-2", "text": "A dull film."}]})
         assert status == 200
