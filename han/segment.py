@@ -39,10 +39,11 @@ _BREAK_TAG = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)
 # can carry and which spaCy cannot take).
 _JUNK = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2061-\u2064"
                    "\u2066-\u2069\ufeff\ufff9-\ufffb\ud800-\udfff]")
-# A soft hyphen or word joiner inside a word is kept (the word's key drops it: co\u00adoperate is
-# cooperate); anywhere else it is blanked, so that it is never a word of its own.
+# A soft hyphen or word joiner between two visible characters is kept (the word's key drops it:
+# co\u00adoperate is cooperate; a combining mark or a virama before it counts as visible); beside
+# whitespace or the text's ends it is blanked, so that it is never a word of its own.
 _IN_WORD_ONLY = "\u00ad\u2060"
-_STRAY = re.compile(f"[{_IN_WORD_ONLY}](?!\\w)|(?<!\\w)[{_IN_WORD_ONLY}]")
+_STRAY = re.compile(f"[{_IN_WORD_ONLY}](?![^\\s{_IN_WORD_ONLY}])|(?<![^\\s{_IN_WORD_ONLY}])[{_IN_WORD_ONLY}]")
 # Text chunks (between spaces) whose tokens spaCy's tokenizer caches, which never evicts: 30,000 instead
 # of its 10,000 is faster on a stream of reviews, and larger costs every process's memory for little more.
 # The tokens, and so every output, are the same at any size.

@@ -96,7 +96,9 @@ def command() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    from scoring.workers import interrupt  # KeyboardInterrupt, held back while the futures' locks are held
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         from han.environment import apply_defaults
 
@@ -109,11 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print("han-label: interrupted; nothing written", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _model(ref: str | None) -> tuple[str, str, Any]:

@@ -12,7 +12,7 @@ import collections
 import hashlib
 import os
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -225,6 +225,8 @@ def score(pool: Pool, model_dir: str, rows: np.ndarray, scorers: Scorers, tell: 
 
 def _windows(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: Scorers,
              tell: Callable[[int], object]) -> dict[int, Any]:
+    from scoring.workers import wait_first
+
     parts = {}
     pending: dict[Future, int] = {}
     todo = collections.deque(enumerate(windows))
@@ -238,7 +240,7 @@ def _windows(pool: Pool, model_dir: str, windows: list[np.ndarray], scorers: Sco
             tell(len(window))
         if not pending:
             continue
-        done, _ = wait(list(pending), timeout=0 if todo else None, return_when=FIRST_COMPLETED)
+        done = wait_first(list(pending), 0 if todo else None)
         for future in done:
             k = pending.pop(future)
             try:

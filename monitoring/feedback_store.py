@@ -308,7 +308,7 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
         path = Path(text[len("sqlite://"):] if scheme else text).expanduser() if text else Path(default)
         if existing and not path.exists():
             raise StoreError(f"feedback store {path}: no such file")
-        return _sqlite(path)
+        return _sqlite(path, create=not existing)
     if name in ("postgresql", "postgres"):
         return _postgres(text, create=not existing)
     raise StoreError(f"feedback store {redact(text)}: cannot open it: unsupported URL "
@@ -337,7 +337,7 @@ def _credentials(url: str) -> tuple[str, str | None]:
     return user, password
 
 
-def _sqlite(path: Path) -> FeedbackStore:
+def _sqlite(path: Path, create: bool = True) -> FeedbackStore:
     def connect() -> sqlite3.Connection:
         if str(path) != ":memory:":
             if path.parent.exists() and not path.parent.is_dir():
@@ -361,7 +361,7 @@ def _sqlite(path: Path) -> FeedbackStore:
                     raise
                 time.sleep(0.02)
 
-    return FeedbackStore(connect, "sqlite", str(path))
+    return FeedbackStore(connect, "sqlite", str(path), create=create)
 
 
 def _postgres(url: str, create: bool) -> FeedbackStore:

@@ -35,7 +35,7 @@ from typing import Any
 from scoring import BatchError
 from scoring.arguments import build_parser, default_workers, deprecated
 from scoring.progress import print_summary
-from scoring.workers import Workers
+from scoring.workers import Workers, interrupt
 
 
 def command() -> None:
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     for warning in warnings:
         print(f"han-score: warning: {warning}", file=sys.stderr)
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
+    # Ctrl-C, and `kill` as cleanly: KeyboardInterrupt, held back while the futures' locks are held
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(args)
     except BatchError as e:
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check_written(args: argparse.Namespace) -> None:
@@ -84,10 +85,6 @@ def _check_written(args: argparse.Namespace) -> None:
             raise BatchError(f"{path}: {what} would overwrite the input")
     if args.summary_json and not Path(args.summary_json).resolve().parent.is_dir():
         raise BatchError(f"--summary-json {args.summary_json}: folder {Path(args.summary_json).parent} does not exist")
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace) -> int:

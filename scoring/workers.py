@@ -12,7 +12,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -24,6 +25,45 @@ _loaded: dict[str, Any] = {}  # the worker's pipeline, loaded on its first windo
 
 
 DIED = "a scoring worker died (killed, or out of memory?)"
+_held = 0  # > 0 while this process's main thread holds futures' locks (wait_first)
+_caught = False  # a Ctrl-C or SIGTERM arrived meanwhile: raised once they are released
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    """SIGINT's and SIGTERM's handler in han-score and han-label: KeyboardInterrupt, held back while
+    ``wait_first`` holds the futures' locks."""
+    global _caught
+    if _held:
+        _caught = True
+        return
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    global _held, _caught
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+        if not _held and _caught:
+            _caught = False
+            raise KeyboardInterrupt
+
+
+def wait_first(futures: Collection[Future[Any]], timeout: float | None) -> set[Future[Any]]:
+    """``concurrent.futures.wait(FIRST_COMPLETED)`` that a Ctrl-C cannot break in the middle of. wait()
+    takes each future's lock in turn; a KeyboardInterrupt raised between two of them leaves one held, the
+    executor's thread then blocks on it for good, and the job hangs at exit (Python joins that thread).
+    The signal waits (0.25 s at most) until the locks are released."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+        with _ctrl_c_held():
+            done, _ = wait(futures, timeout=step, return_when=FIRST_COMPLETED)
+        if done or (deadline is not None and time.monotonic() >= deadline):
+            return done
 
 
 class WorkerError(Exception):
@@ -108,7 +148,7 @@ class Workers:
         """Windows already scored (waiting up to ``timeout`` seconds for one; None: until one is)."""
         if not self.pending:
             return []
-        done, _ = wait(list(self.pending), timeout=timeout, return_when=FIRST_COMPLETED)
+        done = wait_first(list(self.pending), timeout)
         out = []
         for future in done:
             seq, _ = self.pending.pop(future)

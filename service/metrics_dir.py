@@ -4,19 +4,22 @@ BentoML keeps one multiprocess folder per ``BENTOML_HOME`` and empties it whenev
 (bentoml#3207: it cannot be set). A second server on the same home, a replica or ``make run`` beside a
 bento, wiped the first one's ``/metrics``, which from then on summed the second server's workers'
 files. So a worker moves, before any metric exists in it, to a folder of its own server beside
-BentoML's: ``prometheus_multiproc_dir.<pid>-<start>`` of the process that started the workers (the
-server's arbiter), which its sibling workers and a restarted worker find too. Folders of servers
-that have stopped are removed by the next worker that starts.
+BentoML's: ``prometheus_multiproc_dir.<host>-<pid>-<start>`` of the process that started the workers (the
+server's arbiter, with this machine's name), which its sibling workers and a restarted worker find
+too. Folders of this machine's servers that have stopped are removed by the next worker that starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 SHARED_NAME = "prometheus_multiproc_dir"  # BentoML's, under $BENTOML_HOME
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())  # a home shared by machines or containers
 
 
 def _start_time(pid: int) -> str | None:
@@ -29,11 +32,14 @@ def _start_time(pid: int) -> str | None:
 
 
 def _server_key(pid: int) -> str:
-    return f"{pid}-{_start_time(pid) or 0}"
+    return f"{_HOST}-{pid}-{_start_time(pid) or 0}"
 
 
 def _alive(key: str) -> bool:
-    pid, _, start = key.partition("-")
+    """Whether the server of ``key`` runs (one of another machine or container sharing the home: yes)."""
+    if not key.startswith(f"{_HOST}-"):
+        return True
+    pid, _, start = key[len(_HOST) + 1:].partition("-")
     if not pid.isdigit():
         return False
     current = _start_time(int(pid))

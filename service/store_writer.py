@@ -11,6 +11,7 @@ restart during an outage loses no answer; until then ``POST /feedback`` calls su
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ RETENTION_EVERY = 3600.0  # seconds between deletions of old predictions
 PENDING = "pending-answers"  # the folder, beside the default store, of answers kept at shutdown
 Row = tuple[str, str, str, list[Prediction]]  # (request_id, model tag, role, predictions)
 _STOP = ("", "", "", [])  # put by ``close``: the writer stops once it has written what was queued before
-_KEPT = re.compile(r"(\d+-\d+)\.jsonl(?:\.(\d+))?")  # a kept file, and the pid of a worker writing it
+_KEPT = re.compile(r"\d+-\d+\.jsonl")  # a kept file's name: when it was kept, by which pid
 
 
 class StoreWriter:
@@ -44,10 +45,10 @@ class StoreWriter:
         self._store: FeedbackStore | None = None
         self._failed_at = 0.0
         self._open_lock = threading.Lock()
+        # Answers not yet written, kept or dropped: its unfinished tasks are what ``flush`` waits for.
         self._queue: queue.Queue[Row] = queue.Queue(QUEUE_ROWS)
         self._dropped = dropped
-        self._idle = threading.Event()
-        self._idle.set()
+        self._inflight: list[Row] = []  # the batch the thread is writing
         self._stopping = threading.Event()
         self._pruned = 0.0
         self._refused_at = 0.0
@@ -74,14 +75,14 @@ class StoreWriter:
         for answer in answers:
             try:
                 self._queue.put_nowait(answer)
-                self._idle.clear()
             except queue.Full:
                 self._dropped().inc(len(answer[3]))
 
     def flush(self, timeout: float) -> bool:
         """Wait until what was queued is written (what ``POST /feedback`` does before naming an id unknown);
         False while it is not, or while answers kept at a shutdown still wait to be written."""
-        done = self._idle.wait(timeout) if not self._queue.empty() or not self._idle.is_set() else True
+        with self._queue.all_tasks_done:
+            done = self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
         return done and not self._kept_files()
 
     def close(self, timeout: float = 15.0) -> None:
@@ -91,8 +92,10 @@ class StoreWriter:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)
         self._thread.join(timeout)
-        if self._thread.is_alive():  # stuck in a write: keep what it has not taken yet
-            self._keep(self._drain())
+        if self._thread.is_alive():  # stuck in a write: keep it (a write that ends after all is a duplicate
+            self._keep(list(self._inflight) + self._drain())  # row, which the store's readers tolerate)
+        else:
+            self._keep(self._drain())  # answered after the thread stopped
 
     # -- the writer's thread -------------------------------------------------------------------------
     def _write(self) -> None:
@@ -114,8 +117,8 @@ class StoreWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = batch[-1] is _STOP
-            batch = [b for b in batch if b is not _STOP]
+            taken, stop = len(batch), batch[-1] is _STOP
+            self._inflight = batch = [b for b in batch if b is not _STOP]
             while batch:
                 try:
                     self._record(batch)
@@ -127,15 +130,17 @@ class StoreWriter:
                         logger.error("cannot record predictions in the feedback store: %s", _line(e))
                     if self._stopping.is_set():
                         self._keep(batch + self._drain())
-                        return
+                        stop = True
+                        break
                     if self._queue.qsize() >= QUEUE_ROWS // 2:  # and drop the oldest rather than grow
                         self._dropped().inc(sum(len(a[3]) for a in batch))
                         break
                     self._stopping.wait(RETRY_SECONDS)
+            self._inflight = []
+            for _ in range(taken):
+                self._queue.task_done()
             if stop:
                 return
-            if self._queue.empty():
-                self._idle.set()
 
     def _drain(self) -> list[Row]:
         rows = []
@@ -144,27 +149,28 @@ class StoreWriter:
                 row = self._queue.get_nowait()
             except queue.Empty:
                 return rows
+            self._queue.task_done()
             if row is not _STOP:
                 rows.append(row)
 
-    def _record(self, batch: list[Row]) -> None:
+    def _record(self, batch: list[Row], at: datetime | None = None) -> None:
         """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
         then each document is written on its own, and those refused are dropped, counted and named (once
         a minute at most), so that one bad row never holds back the answers queued behind it."""
         try:
-            self.store.record_many(batch)
+            self.store.record_many(batch, at)
             return
         except RejectedError:
             pass
         for request_id, tag, role, predictions in batch:
             try:
-                self.store.record_many([(request_id, tag, role, predictions)])
+                self.store.record_many([(request_id, tag, role, predictions)], at)
                 continue
             except RejectedError:
                 pass
             for prediction in predictions:
                 try:
-                    self.store.record_many([(request_id, tag, role, [prediction])])
+                    self.store.record_many([(request_id, tag, role, [prediction])], at)
                 except RejectedError as e:
                     self._dropped().inc()
                     if time.monotonic() - self._refused_at > 60:
@@ -182,15 +188,16 @@ class StoreWriter:
         """Write ``rows`` to a new file in the pending folder (whole or not at all), and say so."""
         if not rows:
             return
-        n = sum(len(r[3]) for r in rows)
+        n, at = sum(len(r[3]) for r in rows), datetime.now(UTC).isoformat()
         path = self.pending / f"{time.time_ns()}-{os.getpid()}.jsonl"
         try:
             self.pending.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(path.name + ".partial")
             with partial.open("w", encoding="utf-8") as f:
                 for request_id, tag, role, predictions in rows:
-                    f.write(json.dumps({"request_id": request_id, "model": tag, "role": role, "predictions": [
-                        [p.id, p.labels, p.score] for p in predictions]}, ensure_ascii=False) + "\n")
+                    f.write(json.dumps({"at": at, "request_id": request_id, "model": tag, "role": role,
+                                        "predictions": [[p.id, p.labels, p.score] for p in predictions]},
+                                       ensure_ascii=False) + "\n")
             partial.replace(path)
         except OSError as e:
             self._dropped().inc(n)
@@ -207,48 +214,53 @@ class StoreWriter:
             return []
 
     def _replay(self) -> bool:
-        """Record the answers kept by stopped workers, a file at a time, each claimed by renaming it so
-        that sibling workers never write one twice. False when the store failed (tried again later)."""
+        """Record the answers kept by stopped workers, a file at a time, each under an exclusive lock so
+        that sibling workers never write one twice. False when the store failed (tried again later);
+        never raises, so that the writer's thread lives on."""
         for path in self._kept_files():
-            name, owner = _KEPT.fullmatch(path.name).groups()  # type: ignore[union-attr]
-            if owner and int(owner) != os.getpid() and _alive(int(owner)):
-                continue  # a live sibling is writing it
-            claimed = self.pending / f"{name}.jsonl.{os.getpid()}"
             try:
-                path.replace(claimed)
-                rows = [_row(json.loads(line)) for line in claimed.read_text(encoding="utf-8").splitlines() if line]
-            except FileNotFoundError:
-                continue  # a sibling claimed it first
-            except (OSError, ValueError, KeyError, TypeError) as e:  # never blocks the others: set aside
-                with contextlib.suppress(OSError):
-                    claimed.replace(claimed.with_name(f"{name}.unreadable"))
-                logger.error("cannot read the kept answers in %s (set aside as %s.unreadable): %s", path, name,
-                             _line(e))
-                continue
-            try:
-                self._record(rows)
+                if not self._replay_file(path):
+                    return False
             except Exception as e:
-                claimed.replace(self.pending / f"{name}.jsonl")
+                logger.error("cannot record the kept answers in %s: %s", path, _line(e))
+                return False
+        return True
+
+    def _replay_file(self, path: Path) -> bool:
+        try:
+            f = path.open("r", encoding="utf-8")
+        except FileNotFoundError:
+            return True  # written and removed by a sibling
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True  # a sibling is writing it
+            try:
+                if os.fstat(f.fileno()).st_ino != os.stat(path).st_ino:
+                    return True  # a sibling wrote and removed it before this lock
+            except FileNotFoundError:
+                return True
+            try:
+                items = [json.loads(line) for line in f.read().splitlines() if line]
+                rows, at = [_row(item) for item in items], datetime.fromisoformat(items[0]["at"]) if items else None
+            except (ValueError, KeyError, TypeError, IndexError) as e:  # never blocks the others: set aside
+                path.replace(path.with_suffix(".unreadable"))
+                logger.error("cannot read the kept answers in %s (set aside as .unreadable): %s", path, _line(e))
+                return True
+            try:
+                self._record(rows, at)
+            except Exception as e:
                 logger.error("cannot record the kept answers in %s yet: %s", path.name, _line(e))
                 return False
-            claimed.unlink(missing_ok=True)
-            logger.info("recorded %d answers kept at a shutdown (%s)", sum(len(r[3]) for r in rows), path.name)
+            path.unlink(missing_ok=True)  # before the lock is released
+        logger.info("recorded %d answers kept at a shutdown (%s)", sum(len(r[3]) for r in rows), path.name)
         return True
 
 
 def _row(item: dict[str, Any]) -> Row:
     return (item["request_id"], item["model"], item["role"], [Prediction(i, labels, score)
                                                              for i, labels, score in item["predictions"]])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _line(e: BaseException) -> str:

@@ -77,7 +77,9 @@ class WayBack:
         self._metrics: Metrics | None = None
         self._metrics_lock = threading.Lock()
         with contextlib.suppress(OSError):  # where han-model monitor must look (None: the default file)
-            note_feedback_store(name, redact(settings.feedback_store) if settings.feedback_store else None)
+            where = settings.feedback_store
+            where = where and (redact(where) if "://" in where else str(Path(where).resolve()))
+            note_feedback_store(name, where or None)
         self.writer = StoreWriter(settings.feedback_store, default_store_path(name), settings.feedback_retention_days,
                                   lambda: self.metrics.dropped)
         self._recent: dict[str, collections.deque[tuple[int, float]]] = {}

@@ -714,3 +714,40 @@ def test_the_flags_of_earlier_releases_work_with_a_one_line_warning(
             score(source, tmp_path / "clash.jsonl", tiny_model_dir, *flags, "--workers", "1", "--quiet")
         assert stopped.value.code == 2 and "contradict each other" in capsys.readouterr().err
         assert not (tmp_path / "clash.jsonl").exists()
+
+
+def test_ctrl_c_while_waiting_on_the_workers_is_raised_once_the_futures_are_free() -> None:
+    """han-score and han-label wait on their workers' futures with Ctrl-C held back: a KeyboardInterrupt
+    raised inside concurrent.futures.wait, between two of the futures' locks, left one held and the job
+    hung at exit. The signal (SIGALRM standing in for it, with the same handler) still stops the wait
+    within its 0.25 s slices, and no future's lock is left held."""
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from scoring.workers import interrupt, wait_first
+
+    futures: list[Future] = [Future() for _ in range(50)]
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            wait_first(futures, None)
+        assert time.monotonic() - started < 1.5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    free: list[bool] = []
+
+    def take_each() -> None:
+        for f in futures:
+            free.append(f._condition.acquire(timeout=1))
+            f._condition.release()
+
+    other = threading.Thread(target=take_each)
+    other.start()
+    other.join(60)
+    assert free == [True] * len(futures)
+    futures[0].set_result(1)  # and a result set meanwhile is seen at once
+    assert wait_first(futures, None) == {futures[0]}

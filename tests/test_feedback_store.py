@@ -213,15 +213,19 @@ def test_answers_queued_while_the_store_is_down_are_kept_at_shutdown_for_the_nex
     down.close()
     kept = list((default.parent / "pending-answers").iterdir())
     assert [p.suffix for p in kept] == [".jsonl"] and Count.value == 0
-    writer = StoreWriter(url, default, 90, Count)
+    writers = [StoreWriter(url, default, 90, Count) for _ in range(2)]  # two siblings start at once
     deadline = time.monotonic() + 30
-    while not writer.flush(1) and time.monotonic() < deadline:
+    while not all(w.flush(1) for w in writers) and time.monotonic() < deadline:
         pass
-    assert writer.flush(0) and not list((default.parent / "pending-answers").iterdir())
-    writer.close()
+    assert writers[0].flush(0) and not list((default.parent / "pending-answers").iterdir())
+    for w in writers:
+        w.close()
     with open_store(url, tmp_path / "unused.db") as store:
         assert store.unknown(["a", "b", "c"]) == []
         assert store.latest_predictions(["a", "c"]) == {"a": (MODEL, ["pos"])}  # c was the shadow's
+        with store._transaction(write=False) as cur:  # written once, by one of the two
+            cur.execute("SELECT id, COUNT(*) FROM predictions GROUP BY id ORDER BY id")
+            assert [tuple(row) for row in cur.fetchall()] == [("a", 1), ("b", 1), ("c", 1)]
     assert Count.value == 0
 
 

@@ -60,7 +60,9 @@ def test_invisible_format_characters_are_never_words() -> None:
     assert seg.token_keys == [["great", "cooperate", "foobar"]]
     assert [text[a:b] for a, b in seg.token_spans[0]] == ["Great", "co\u00adoperate", "foo\u2060bar"]
     with pytest.raises(EmptyDocumentError):
-        SEG.segment("\u2060 \u00ad\u202a\u2066 \u180e")
+        SEG.segment("\u2060 \u00ad\u202a\u2066 \u180e \u00ad\u00ad\u00ad")
+    accents = SEG.segment("cafe\u0301\u00adteria \u0939\u093f\u0928\u094d\u00ad\u0926\u0940")
+    assert accents.token_keys == [["caf\u00e9teria", "\u0939\u093f\u0928\u094d\u0926\u0940"]]
 
 
 def test_keys_are_lowercased_and_nfc_normalised_while_spans_keep_the_original() -> None:
