@@ -230,6 +230,14 @@ def export_log(args: argparse.Namespace) -> int:
         raise CommandError(f"{out}: {name} is multi-label, and a CSV cell cannot hold a list of labels that "
                            "han-train reads: write .jsonl or .parquet")
     rows = [export_row(doc_id, record, record.get("truth"), multi) for doc_id, record in latest.items()]
+    label_sets: dict[tuple[str, ...], list[str]] = {}  # a relabelled model's versions: said, not hidden
+    for tag in sorted({r["model"] for r in latest.values()}):
+        if (facts := model_facts(tag)) is not None:
+            label_sets.setdefault(tuple(facts[1]), []).append(tag)
+    if len(label_sets) > 1:
+        sets = "; ".join(f"{', '.join(tags)}: {', '.join(labels)}" for labels, tags in label_sets.items())
+        print(f"note: the window's versions have different labels ({sets}); the file holds them all "
+              "(--since/--until export one set)", file=sys.stderr)
     _write(rows, out)
     labelled = sum(1 for r in latest.values() if "truth" in r)
     column = "labels" if multi else "label"

@@ -238,4 +238,13 @@ def test_promote_refuses_a_challenger_worse_on_the_shadow_feedback(tmp_path: Pat
     assert refused.stderr.startswith("error: refused:") and refused.stderr.count("\n") == 1, refused.stderr
     assert "the shadow log (30 live documents with feedback)" in refused.stderr
     assert "Traceback" not in refused.stderr
+    # a version with other labels in the window: the export says so, naming each set
+    relabelled = saved.save(tmp_path / "relabelled")
+    (relabelled / "labels.json").write_text(json.dumps(["bad", "good"]))
+    other = register_model(relabelled, home, NAME)
+    _write_log(home, [_record(90, other, ["good"], {"bad": 0.2, "good": 0.8}, request="r90")], "w3")
+    exported = _han_model(home, "export-log", NAME, str(tmp_path / "all.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    assert "the window's versions have different labels (" in exported.stderr, exported.stderr
+    assert f"{champion}: neg, pos" in exported.stderr and f"{other}: bad, good" in exported.stderr
     assert json.loads((home / "deployments" / NAME / "production.json").read_text())["tag"] == champion
