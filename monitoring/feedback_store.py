@@ -100,13 +100,12 @@ class FeedbackStore:
         An id classified again gets a row more: every answer is kept, the latest wins where one is needed."""
         return self.record_many([(request_id, model, role, list(predictions))], at)
 
-    def record_many(self, answers: Iterable[tuple[str, str, str, Sequence[Prediction]]],
-                    at: datetime | None = None) -> int:
+    def record_many(self, answers: Iterable[tuple[Any, ...]], at: datetime | None = None) -> int:
         """``record_predictions`` for several requests at once, (request_id, model, role, predictions) each,
-        in one transaction: what a serving worker writes after each model call."""
-        when = self._time(at or datetime.now(UTC))
-        rows = []
-        for request_id, model, role, predictions in answers:
+        or with a fifth item, when it was answered (else ``at``, else now), in one transaction."""
+        default, rows = self._time(at or datetime.now(UTC)), []
+        for request_id, model, role, predictions, *answered in answers:
+            when = self._time(answered[0]) if answered else default
             if role not in ROLES:
                 raise RejectedError(f"role {role!r} is not one of {', '.join(ROLES)}")
             rows += [(_id(p.id), request_id, model, role, _labels_json(p.labels), p.score, when) for p in predictions]
@@ -123,7 +122,7 @@ class FeedbackStore:
             for start in range(0, len(wanted), _CHUNK):
                 chunk = wanted[start:start + _CHUNK]
                 cur.execute(f"SELECT id, model, labels FROM predictions WHERE role = ? AND id IN "
-                            f"({', '.join('?' * len(chunk))}) ORDER BY seq", [role, *chunk])
+                            f"({', '.join('?' * len(chunk))}) ORDER BY at, seq", [role, *chunk])
                 found.update((i, (model, _labels(labels))) for i, model, labels in cur.fetchall())
         return found
 
@@ -159,15 +158,15 @@ class FeedbackStore:
                 conditions.append(clause)
                 params.append(self._time(value) if isinstance(value, datetime) else value)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        last = (" JOIN (SELECT COALESCE(MAX(CASE WHEN judged = 1 THEN seq END), MAX(seq)) AS seq FROM v "
-                "GROUP BY id, role) l ON l.seq = v.seq") if latest else ""
+        last = (" JOIN (SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY id, role ORDER BY judged DESC, "
+                "at DESC, seq DESC) AS r FROM v) x WHERE r = 1) l ON l.seq = v.seq") if latest else ""
         join = "JOIN" if labelled_only else "LEFT JOIN"
         with self._transaction(write=False) as cur:
             cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({JUDGED}), v AS (SELECT w.*, CASE "
                         f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
                         f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
                         f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "
-                        f"v.judged = 1 ORDER BY v.seq", params)
+                        f"v.judged = 1 ORDER BY v.at, v.seq", params)
             rows = cur.fetchall()
         return [LabelledPrediction(i, request, tag, role_, _labels(predicted), score, _from_db(at),
                                    None if fed is None else _labels(fed), source, None if fed_at is None

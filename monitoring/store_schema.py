@@ -37,15 +37,17 @@ TYPES = {
     "postgresql": {"seq": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "json": "JSONB",
                    "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION", "int": "BIGINT"},
 }
-# A feedback judges the answer its id had when it was given: production's last (judged_seq). A store made
-# before the column has none in its old rows, which judge their id's last production answer, as they did.
-UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT MAX(seq) "
-                    "FROM predictions WHERE id = ? AND role = 'production')) ON CONFLICT (id) DO UPDATE "
+# A feedback judges the answer its id had when it was given: production's last by time (judged_seq; an answer
+# written late, after an outage or a restart, keeps its time). A store made before the column has none in its
+# old rows, which judge their id's last production answer, as they did.
+UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT seq "
+                    "FROM predictions WHERE id = ? AND role = 'production' ORDER BY at DESC, seq DESC LIMIT 1)) "
+                    "ON CONFLICT (id) DO UPDATE "
                     "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
                     "judged_seq = excluded.judged_seq")
 # (id, request_id) of the answer each feedback judges: production's answer and the shadow's copy of it
 JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
-           "q.role = 'production' ORDER BY q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
+           "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
            "LEFT JOIN predictions p ON p.seq = f.judged_seq")
 
 

@@ -201,10 +201,11 @@ def export_log(args: argparse.Namespace) -> int:
     latest: dict[str, dict[str, Any]] = {}
     judged: dict[str, dict[str, Any]] = {}  # an id's answer that its feedback judged, where it has one
     per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
-    textless = 0  # answers logged with HAN_LOG_TEXT=0 (the setting may have changed between restarts)
+    textless: dict[str, bool] = {}  # ids answered with HAN_LOG_TEXT=0 (it may change between restarts): judged?
     for record in logged(name, since, until, roles):
         if "text" not in record:
-            textless += 1
+            textless[record["id"]] = textless.get(record["id"], False) or (
+                (record["id"], record.get("request_id")) in feedback)
             continue
         tag, labels = record["model"], record.get("labels") or []
         per_label[tag] = per_label.get(tag, False) or len(labels) != 1 or _per_label_scores(record.get("scores"))
@@ -217,9 +218,11 @@ def export_log(args: argparse.Namespace) -> int:
     latest = {doc_id: judged.get(doc_id, r) for doc_id, r in latest.items()}
     if args.labelled_only:
         latest = {doc_id: r for doc_id, r in latest.items() if "truth" in r}
-    if not latest and textless:
+    # the documents the file lacks for want of their text: of those with feedback alone, for --labelled-only
+    lacking = sum(1 for doc_id, fed in textless.items() if doc_id not in latest and (fed or not args.labelled_only))
+    if not latest and lacking:
         raise CommandError(f"{log_folder(name)}: no logged document{' with feedback' if args.labelled_only else ''} "
-                           f"in the window has its text ({textless:,} answers were logged without it, "
+                           f"in the window has its text ({lacking:,} were logged without it, "
                            "HAN_LOG_TEXT=0): there is nothing to train on")
     if not latest:
         raise CommandError(
@@ -242,8 +245,9 @@ def export_log(args: argparse.Namespace) -> int:
     labelled = sum(1 for r in latest.values() if "truth" in r)
     column = "labels" if multi else "label"
     print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}; label column: {column}")
-    if textless:
-        print(f"left out {textless:,} logged answers without their text (logged with HAN_LOG_TEXT=0)", file=sys.stderr)
+    if lacking:
+        print(f"left out {lacking:,} logged documents{' with feedback' if args.labelled_only else ''} whose text "
+              "was not logged (HAN_LOG_TEXT=0)", file=sys.stderr)
     return 0
 
 

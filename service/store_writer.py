@@ -31,8 +31,10 @@ QUEUE_ROWS = 100_000  # predictions waiting for the store; past this, new ones a
 RETRY_SECONDS = 5.0  # after the store fails, the next try
 RETENTION_EVERY = 3600.0  # seconds between deletions of old predictions
 PENDING = "pending-answers"  # the folder, beside the default store, of answers kept at shutdown
-Row = tuple[str, str, str, list[Prediction]]  # (request_id, model tag, role, predictions)
-_STOP = ("", "", "", [])  # put by ``close``: the writer stops once it has written what was queued before
+# (request_id, model tag, role, predictions, when answered): the time travels with the answer, so that one
+# written after an outage, or kept and replayed after a restart, keeps its place among the others
+Row = tuple[str, str, str, list[Prediction], datetime]
+_STOP = ("", "", "", [], datetime.min)  # put by ``close``: the writer stops once it has written what was queued before
 _KEPT = re.compile(r"\d+-\d+\.jsonl")  # a kept file's name: when it was kept, by which pid
 
 
@@ -153,24 +155,24 @@ class StoreWriter:
             if row is not _STOP:
                 rows.append(row)
 
-    def _record(self, batch: list[Row], at: datetime | None = None) -> None:
+    def _record(self, batch: list[Row]) -> None:
         """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
         then each document is written on its own, and those refused are dropped, counted and named (once
         a minute at most), so that one bad row never holds back the answers queued behind it."""
         try:
-            self.store.record_many(batch, at)
+            self.store.record_many(batch)
             return
         except RejectedError:
             pass
-        for request_id, tag, role, predictions in batch:
+        for request_id, tag, role, predictions, at in batch:
             try:
-                self.store.record_many([(request_id, tag, role, predictions)], at)
+                self.store.record_many([(request_id, tag, role, predictions, at)])
                 continue
             except RejectedError:
                 pass
             for prediction in predictions:
                 try:
-                    self.store.record_many([(request_id, tag, role, [prediction])], at)
+                    self.store.record_many([(request_id, tag, role, [prediction], at)])
                 except RejectedError as e:
                     self._dropped().inc()
                     if time.monotonic() - self._refused_at > 60:
@@ -188,14 +190,14 @@ class StoreWriter:
         """Write ``rows`` to a new file in the pending folder (whole or not at all), and say so."""
         if not rows:
             return
-        n, at = sum(len(r[3]) for r in rows), datetime.now(UTC).isoformat()
+        n = sum(len(r[3]) for r in rows)
         path = self.pending / f"{time.time_ns()}-{os.getpid()}.jsonl"
         try:
             self.pending.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(path.name + ".partial")
             with partial.open("w", encoding="utf-8") as f:
-                for request_id, tag, role, predictions in rows:
-                    f.write(json.dumps({"at": at, "request_id": request_id, "model": tag, "role": role,
+                for request_id, tag, role, predictions, at in rows:
+                    f.write(json.dumps({"at": at.isoformat(), "request_id": request_id, "model": tag, "role": role,
                                         "predictions": [[p.id, p.labels, p.score] for p in predictions]},
                                        ensure_ascii=False) + "\n")
             partial.replace(path)
@@ -243,13 +245,13 @@ class StoreWriter:
                 return True
             try:
                 items = [json.loads(line) for line in f.read().splitlines() if line]
-                rows, at = [_row(item) for item in items], datetime.fromisoformat(items[0]["at"]) if items else None
+                rows = [_row(item) for item in items]
             except (ValueError, KeyError, TypeError, IndexError) as e:  # never blocks the others: set aside
                 path.replace(path.with_suffix(".unreadable"))
                 logger.error("cannot read the kept answers in %s (set aside as .unreadable): %s", path, _line(e))
                 return True
             try:
-                self._record(rows, at)
+                self._record(rows)
             except Exception as e:
                 logger.error("cannot record the kept answers in %s yet: %s", path.name, _line(e))
                 return False
@@ -259,8 +261,10 @@ class StoreWriter:
 
 
 def _row(item: dict[str, Any]) -> Row:
-    return (item["request_id"], item["model"], item["role"], [Prediction(i, labels, score)
-                                                             for i, labels, score in item["predictions"]])
+    at = datetime.fromisoformat(item["at"])
+    return (item["request_id"], item["model"], item["role"],
+            [Prediction(i, labels, score) for i, labels, score in item["predictions"]],
+            at if at.tzinfo else at.replace(tzinfo=UTC))
 
 
 def _line(e: BaseException) -> str:

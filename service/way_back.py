@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,9 @@ class WayBack:
         except Exception as e:  # the answer matters more than its record
             self._warn("cannot write the inference log", e)
         try:
+            now = datetime.now(UTC)
             self.writer.put([(request_id, tag, role, [Prediction(i, r.labels, max(r.scores.values()))
-                                                      for i, r in zip(ids, results, strict=True)])
+                                                      for i, r in zip(ids, results, strict=True)], now)
                              for request_id, tag, role, ids, _, results, _ in answers])
             for _, tag, role, _, _, results, profiles in answers:
                 if role == "production":

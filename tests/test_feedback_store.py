@@ -29,6 +29,7 @@ from tests.postgres_server import shared_postgres
 
 MODEL = "han-test:abc123"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NOW = datetime.now(UTC).replace(microsecond=0)  # what a writer is given: older than its retention is deleted
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -183,10 +184,10 @@ def test_a_row_the_store_refuses_never_holds_back_the_answers_behind_it(url: str
             Count.value += n
 
     writer = StoreWriter(url, tmp_path / "unused.db", 90, Count)
-    writer.put([("req-1", MODEL, "production", predictions("a", "\x00", "b")),
-                ("req-2", MODEL, "production", predictions("c"))])
+    writer.put([("req-1", MODEL, "production", predictions("a", "\x00", "b"), NOW),
+                ("req-2", MODEL, "production", predictions("c"), NOW)])
     assert writer.flush(30)
-    writer.put([("req-3", MODEL, "production", predictions("d"))])
+    writer.put([("req-3", MODEL, "production", predictions("d"), NOW)])
     assert writer.flush(30)
     with open_store(url, tmp_path / "unused.db") as store:
         assert store.unknown(["a", "b", "c", "d"]) == []
@@ -208,7 +209,8 @@ def test_answers_queued_while_the_store_is_down_are_kept_at_shutdown_for_the_nex
 
     default = tmp_path / "deployment" / "feedback.sqlite3"
     down = StoreWriter(f"postgresql://han:pw@127.0.0.1:{free_port()}/gone", default, 90, Count)
-    down.put([("req-1", MODEL, "production", predictions("a", "b")), ("req-2", MODEL, "shadow", predictions("c"))])
+    down.put([("req-1", MODEL, "production", predictions("a", "b"), NOW),
+              ("req-2", MODEL, "shadow", predictions("c"), NOW)])
     assert not down.flush(0.5)
     down.close()
     kept = list((default.parent / "pending-answers").iterdir())
@@ -227,6 +229,42 @@ def test_answers_queued_while_the_store_is_down_are_kept_at_shutdown_for_the_nex
             cur.execute("SELECT id, COUNT(*) FROM predictions GROUP BY id ORDER BY id")
             assert [tuple(row) for row in cur.fetchall()] == [("a", 1), ("b", 1), ("c", 1)]
     assert Count.value == 0
+
+
+def test_answers_written_late_keep_their_time_and_place(url: str, tmp_path: Path) -> None:
+    """An answer queued through an outage and kept at a shutdown reaches the store after a newer answer to
+    its id: it keeps the time it was given, so the newer one stays the id's last, the one a feedback judges."""
+    from service.store_writer import StoreWriter
+
+    class Dropped:
+        n = 0
+
+        def inc(self, n: int = 1) -> None:
+            Dropped.n += n
+
+    default, then = tmp_path / "deployment" / "feedback.sqlite3", NOW - timedelta(hours=2)  # within retention
+    down = StoreWriter(f"postgresql://han:pw@127.0.0.1:{free_port()}/gone", default, 90, Dropped)
+    down.put([("req-1", MODEL, "production", predictions("a", label="neg"), then),
+              ("req-1", MODEL, "shadow", predictions("a", label="neg"), then)])
+    down.close()
+    with open_store(url, tmp_path / "unused.db") as store:  # the store is back; the next worker answers first
+        store.record_predictions("req-2", MODEL, predictions("a", label="pos"), at=then + timedelta(hours=1))
+    writer = StoreWriter(url, default, 90, Dropped)  # ... then replays what was kept
+    deadline = time.monotonic() + 30
+    while not writer.flush(1) and time.monotonic() < deadline:
+        pass
+    writer.close()
+    with open_store(url, tmp_path / "unused.db") as store:
+        assert [(r.request_id, r.role, r.predicted_at) for r in store.joined(latest=False)] == [
+            ("req-1", "production", then), ("req-1", "shadow", then),
+            ("req-2", "production", then + timedelta(hours=1))]
+        assert store.latest_predictions(["a"]) == {"a": (MODEL, ["pos"])}
+        assert [r.request_id for r in store.joined(role="production")] == ["req-2"]
+        store.add_feedback([Feedback("a", ["pos"])])
+        assert [(r.request_id, r.feedback) for r in store.joined(role="production")] == [("req-2", ["pos"])]
+        assert [(r.request_id, r.feedback) for r in store.joined(role="production", latest=False)] == [
+            ("req-1", None), ("req-2", ["pos"])]
+    assert Dropped.n == 0
 
 
 def test_durable_across_a_restart(url: str, tmp_path: Path) -> None:

@@ -82,18 +82,27 @@ def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path:
 def test_answers_logged_without_text_are_left_out_and_counted(home: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """A log written partly with HAN_LOG_TEXT=0 (the setting changed between restarts): the documents with
-    text are exported, the others counted in one line; a log with no text at all is one error."""
+    text are exported, the others counted in one line (for --labelled-only, those with feedback: the
+    others would not be in the file anyway); a log with no text at all is one error."""
     _single_label_log(home)
     textless = {k: v for k, v in _record(40, f"{NAME}:v1", ["pos"], {"neg": 0.1, "pos": 0.9}).items() if k != "text"}
-    _write_log(home, [textless | {"text_sha256": "0" * 64}, textless | {"id": "d41", "text_sha256": "1" * 64}])
-    out = tmp_path / "labelled.jsonl"
+    answers = [textless | {"text_sha256": "0" * 64}, textless | {"id": "d41", "text_sha256": "1" * 64},
+               textless | {"id": "d42", "text_sha256": "2" * 64, "request_id": "r2"},
+               _record(43, f"{NAME}:v1", ["pos"], {"neg": 0.1, "pos": 0.9}, doc="d42", request="r3")]
+    _write_log(home, answers)  # d42: without its text, then again with it
+    _feedback(home, [answers[1]], {"d41": ["neg"]})
+    out, everything = tmp_path / "labelled.jsonl", tmp_path / "all.jsonl"
     capsys.readouterr()
     assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
     printed = capsys.readouterr()
     assert len(out.read_text().splitlines()) == 24 and "wrote 24 documents" in printed.out
-    assert "left out 2 logged answers without their text" in printed.err
-    assert main(["export-log", NAME, str(tmp_path / "none.jsonl"), "--since", "2026-11-27T12:00:40Z"]) == 1
-    assert "no logged document in the window has its text (2 answers were logged without it" in capsys.readouterr().err
+    assert "left out 1 logged documents with feedback whose text was not logged" in printed.err
+    assert main(["export-log", NAME, str(everything)]) == 0
+    printed = capsys.readouterr()
+    assert "wrote 33 documents" in printed.out and "left out 2 logged documents whose text" in printed.err
+    assert main(["export-log", NAME, str(tmp_path / "none.jsonl"), "--since", "2026-11-27T12:00:40Z",
+                 "--until", "2026-11-27T12:00:43Z"]) == 1
+    assert "no logged document in the window has its text (3 were logged without it" in capsys.readouterr().err
     assert not (tmp_path / "none.jsonl").exists()
 
 
