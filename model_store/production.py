@@ -85,7 +85,7 @@ def pointer_stamp(name: str) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_ino
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any) -> None:
     """Atomically: a reader sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -128,7 +128,7 @@ def set_pointer(tag: str, action: str, details: dict[str, Any] | None = None) ->
     record = read_pointer(name) or {"name": name, "tag": None, "history": []}
     entry = {"tag": tag, "action": action, "at": _now(), "previous": record["tag"], **(details or {})}
     record = {"name": name, "tag": tag, "history": [*record.get("history", []), entry]}
-    _write_json(pointer_path(name), record)
+    write_json(pointer_path(name), record)
     return record
 
 
@@ -146,7 +146,7 @@ def restore_pointer(record: dict[str, Any] | None, name: str) -> None:
     if record is None:
         pointer_path(name).unlink(missing_ok=True)
     else:
-        _write_json(pointer_path(name), record)
+        write_json(pointer_path(name), record)
 
 
 def rollback_target(name: str) -> str:
@@ -182,7 +182,7 @@ def report_replica(name: str, serving: str, failed: dict[str, Any] | None, loadi
                    pointer: tuple[int, int] | None = None, shadow: dict[str, Any] | None = None) -> None:
     """A worker's report: the version it serves, the one it is loading, the promoted version it could not
     load (with why), the pointer (its stamp) these answer, and its shadow (monitoring.shadow), if any."""
-    _write_json(replica_path(name, replica_id()),
+    write_json(replica_path(name, replica_id()),
                 {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "shadow": shadow,
                  "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()})
 
@@ -214,7 +214,7 @@ def note_feedback_store(name: str, where: str | None) -> None:
     if where is None:
         path.unlink(missing_ok=True)
     else:
-        _write_json(path, {"store": where, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
+        write_json(path, {"store": where, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
 
 
 def noted_feedback_store(name: str) -> tuple[str, Path] | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 ALPHA = 0.01
 EFFECT = 0.1
+SUM_SLACK = 0.05  # a single-label model's scores sum to 1 (rounded): further off, they are per label
 OOV_POINTS = 0.02  # unknown words: material when their mean share moves by 2 points of the words read
 Z95 = 1.959964
 
@@ -55,9 +56,20 @@ def expected_right(record: Mapping[str, Any], profile: Mapping[str, Any] | None,
 def realised_right(record: Mapping[str, Any], truth: Sequence[str], labels: Sequence[str], multi_label: bool) -> float:
     """1 or 0 for a single-label answer; the share of labels decided right for a multi-label one."""
     if not multi_label:
-        return float(record["label"] == truth[0])
+        return float(bool(truth) and record["label"] == truth[0])  # no label given: not the answer's
     chosen, true = set(record.get("labels") or []), set(truth)
     return float(np.mean([(label in chosen) == (label in true) for label in labels]))
+
+
+def looks_multi_label(records: Iterable[Mapping[str, Any]]) -> bool:
+    """What a version's logged answers show of it, where its config is gone from the store: multi-label if
+    any answer has other than one label, or scores that are not one distribution (a sigmoid a label)."""
+    for record in records:
+        scores = record.get("scores")
+        if len(record.get("labels") or []) != 1 or (
+                isinstance(scores, Mapping) and scores and abs(sum(scores.values()) - 1.0) > SUM_SLACK):
+            return True
+    return False
 
 
 def ks_distance(values: Sequence[float], reference: Sequence[float]) -> float:
@@ -168,8 +180,7 @@ def report(
         groups.setdefault((record["model"], record.get("role", "production")), []).append(record)
     out = []
     for (tag, role), rows in groups.items():
-        labels = sorted(rows[0]["scores"])
-        profile, labels, multi_label = models.get(tag, (None, labels, len(rows[0].get("labels") or []) != 1))
+        profile, labels, multi_label = models.get(tag) or (None, sorted(rows[0]["scores"]), looks_multi_label(rows))
         out.append({"model": tag, "role": role, **version_report(rows, feedback, profile, labels, multi_label)})
     return out
 

@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,7 +58,8 @@ def start_shadow(tag: str, fraction: float) -> dict[str, Any]:
     if not 0 < fraction <= 1:
         raise ValueError(f"--fraction must be above 0 and at most 1, not {fraction:g}")
     name = tag.partition(":")[0]
-    record = {"tag": tag, "fraction": fraction, "since": datetime.now(UTC).isoformat(timespec="seconds")}
+    record = {"tag": tag, "fraction": fraction, "since": datetime.now(UTC).isoformat(timespec="seconds"),
+              "asked": uuid.uuid4().hex}  # a worker's failure names the request it answers
     path = shadow_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".shadow.{os.getpid()}.tmp")
@@ -147,11 +149,18 @@ class ShadowRunner:
             self.dropped += len(copy.texts)
 
     def _take(self) -> list[Copy]:
+        """The next batch: at most BATCH_DOCUMENTS documents, the front of a larger copy where it must be split
+        (a 256-document request taken whole held production's model call for as long)."""
         taken, documents = [], 0
-        while self._queue and (not taken or documents + len(self._queue[0].texts) <= BATCH_DOCUMENTS):
-            copy = self._queue.popleft()
-            taken.append(copy)
-            documents += len(copy.texts)
+        while self._queue and documents < BATCH_DOCUMENTS:
+            copy, room = self._queue[0], BATCH_DOCUMENTS - documents
+            if len(copy.texts) <= room:
+                part = self._queue.popleft()
+            else:
+                part = Copy(copy.request_id, copy.ids[:room], copy.texts[:room], copy.at)
+                copy.ids, copy.texts = copy.ids[room:], copy.texts[room:]
+            taken.append(part)
+            documents += len(part.texts)
         self._queued -= documents
         return taken
 
@@ -208,7 +217,7 @@ class ShadowRunner:
             pipeline = await anyio.to_thread.run_sync(self.load, record["tag"], limiter=self._loading)
         except Exception as e:  # whatever it is, production goes on as it was
             reason = f"{e.__class__.__name__}: {e}".splitlines()[0]
-            self.failed = {"tag": record["tag"], "reason": reason}
+            self.failed = {"tag": record["tag"], "reason": reason, "asked": record.get("asked")}
             logger.error("cannot shadow %s: %s; production is unaffected", record["tag"], reason)
             return
         if stamp == self._stamp:  # still what the file asks for

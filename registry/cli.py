@@ -38,6 +38,7 @@ from model_store.production import (
     rollback_target,
     set_pointer,
     split_tag,
+    write_json,
 )
 from monitoring.feedback_store import StoreError
 from registry.loop_commands import CommandError
@@ -130,8 +131,7 @@ def run_compare(new: str, old: str, args: argparse.Namespace) -> dict[str, Any]:
                   f"{result.get('documents') or 0:,}, is smaller (compare on at least as many, or promote with "
                   "--force)", flush=True)
             return result
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(path, result)  # whole or not at all: promote may read it meanwhile
     return result
 
 
@@ -163,7 +163,14 @@ def stored_comparison(new: str, old: str) -> dict[str, Any] | None:
     (``--export.compare_with``, kept in the model's metadata)."""
     path = comparison_path(new, old)
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise PromotionError(f"{path}: unreadable comparison ({e}); run `han-model compare {new} {old}` "
+                                 "again") from None
+        if not isinstance(found, dict):
+            raise PromotionError(f"{path}: not a comparison; run `han-model compare {new} {old}` again")
+        return found
     from model_store import load_metadata
 
     found = load_metadata(new).get("comparison")
@@ -183,7 +190,9 @@ def promote(args: argparse.Namespace) -> int:
             print(f"{tag} is already in production")
             return 0
         details: dict[str, Any] = {"forced": bool(args.force)}
-        comparison = run_compare(tag, current, args) if args.data else stored_comparison(tag, current)
+        if args.data:  # stored where the gate reads it, unless a refusal on more documents stands
+            run_compare(tag, current, args)
+        comparison = stored_comparison(tag, current)
         if comparison is None and not args.force:
             raise PromotionError(
                 f"{tag} has not been compared with {current}, the version in production: run "

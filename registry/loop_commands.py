@@ -28,7 +28,6 @@ FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _NOT_REPORTED = ("text", "text_sha256")  # the monitor holds the window's records: without their text
-_SUM_SLACK = 0.05  # a single-label model's scores sum to 1 (rounded): further off, they are per label
 
 
 class CommandError(ValueError):
@@ -70,7 +69,11 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     if not value:
         return None
     if match := _SPAN.match(value.strip()):
-        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        try:
+            return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        except OverflowError:  # before year 1, or more days than a timedelta holds
+            raise CommandError(f"{option}: {value!r} reaches back before the year 1; leave {option} out to read "
+                               "everything") from None
     try:
         when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -119,7 +122,7 @@ def logged(
 
 
 def monitor(args: argparse.Namespace) -> int:
-    from monitoring.report import report, series
+    from monitoring.report import looks_multi_label, report, series
 
     name = split_tag(args.name)[0]
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
@@ -137,7 +140,8 @@ def monitor(args: argparse.Namespace) -> int:
     if args.json:
         for entry in reports:
             rows = [r for r in records if r["model"] == entry["model"] and r.get("role", "production") == entry["role"]]
-            profile, labels, multi = models.get(entry["model"]) or (None, sorted(rows[0]["scores"]), False)
+            profile, labels, multi = models.get(entry["model"]) or (None, sorted(rows[0]["scores"]),
+                                                                   looks_multi_label(rows))
             entry["series"] = series(rows, feedback, profile, labels, multi)
         Path(args.json).write_text(json.dumps({"name": name, "versions": reports}, indent=2) + "\n", encoding="utf-8")
     return 0
@@ -197,21 +201,28 @@ def export_log(args: argparse.Namespace) -> int:
         raise CommandError(f"{out} already exists; pass --overwrite to replace it")
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
     roles = None if args.role == "all" else [args.role]
+    from monitoring.report import looks_multi_label  # numpy: imported when needed, not at every han-model start
+
     feedback = feedback_map(name, store_url(args), since, until)
     latest: dict[str, dict[str, Any]] = {}
     judged: dict[str, dict[str, Any]] = {}  # an id's answer that its feedback judged, where it has one
     per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
     textless: dict[str, bool] = {}  # ids answered with HAN_LOG_TEXT=0 (it may change between restarts): judged?
+    answered: set[tuple[str, Any]] = set()  # (id, request) production answered: its shadow copy is not the answer
     for record in logged(name, since, until, roles):
-        if "text" not in record:
-            textless[record["id"]] = textless.get(record["id"], False) or (
-                (record["id"], record.get("request_id")) in feedback)
+        answer = (record["id"], record.get("request_id"))
+        if record.get("role") == "shadow" and answer in answered:
             continue
-        tag, labels = record["model"], record.get("labels") or []
-        per_label[tag] = per_label.get(tag, False) or len(labels) != 1 or _per_label_scores(record.get("scores"))
+        if record.get("role", "production") == "production":
+            answered.add(answer)
+        if "text" not in record:
+            textless[record["id"]] = textless.get(record["id"], False) or answer in feedback
+            continue
+        tag = record["model"]
+        per_label[tag] = per_label.get(tag, False) or looks_multi_label([record])
         row = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
-        if (record["id"], record.get("request_id")) in feedback:
-            judged[record["id"]] = row | {"truth": feedback[record["id"], record.get("request_id")]}
+        if answer in feedback:
+            judged[record["id"]] = row | {"truth": feedback[answer]}
         latest.pop(record["id"], None)  # a reused id: the last answer, in its place in time
         latest[record["id"]] = row
     # a reused id with feedback: the answer it judged (its text is what was labelled), not a later one
@@ -249,11 +260,6 @@ def export_log(args: argparse.Namespace) -> int:
         print(f"left out {lacking:,} logged documents{' with feedback' if args.labelled_only else ''} whose text "
               "was not logged (HAN_LOG_TEXT=0)", file=sys.stderr)
     return 0
-
-
-def _per_label_scores(scores: Any) -> bool:
-    """Scores that do not sum to 1 are one probability a label (sigmoids): a multi-label model's."""
-    return isinstance(scores, Mapping) and bool(scores) and abs(sum(scores.values()) - 1.0) > _SUM_SLACK
 
 
 def multi_label_task(name: str, tags: Collection[str], per_label: Mapping[str, bool]) -> bool:

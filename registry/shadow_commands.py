@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,7 +44,7 @@ def shadow(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.tag}: name the version to shadow (NAME:VERSION), or --stop to end one")
     tag = resolve_tag(args.tag)
     try:
-        start_shadow(tag, args.fraction)
+        asked = start_shadow(tag, args.fraction)["asked"]
     except ValueError as e:
         raise CommandError(str(e)) from None
     replicas = live_replicas(name)
@@ -54,7 +55,8 @@ def shadow(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
     while True:
         reports = {k: (r.get("shadow") or {}) for k, r in live_replicas(name).items() if k in replicas}
-        failed = {k: s["failed"]["reason"] for k, s in reports.items() if (s.get("failed") or {}).get("tag") == tag}
+        failed = {k: s["failed"]["reason"] for k, s in reports.items()  # this request's, not an earlier one's
+                  if (s.get("failed") or {}).get("asked") == asked}
         if failed:
             key, reason = next(iter(failed.items()))
             print(f"{tag} cannot be shadowed: it does not load in the service {key} ({reason}); production is "
@@ -76,11 +78,12 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
     """The challenger's shadow answers against production's on the same documents: agreement, and
     accuracy of each on the documents with feedback (with McNemar's exact test on the pairs). A shadow
     answer is paired with production's answer to the same request (its copy keeps the request's id) and
-    document: a client's ids need not be unique across requests."""
+    document: a client's ids need not be unique across requests. Only ``old``'s production answers are
+    paired: the verdict is filed against it, and the gate trusts it."""
     from model_store import resolve_tag
 
     name = split_tag(new)[0]
-    challenger = resolve_tag(new)
+    challenger, incumbent = resolve_tag(new), resolve_tag(old)
     since, until = parse_time(getattr(args, "since", None), "--since"), parse_time(getattr(args, "until", None),
                                                                                     "--until")
     production: dict[tuple[str, str], dict[str, Any]] = {}
@@ -93,12 +96,18 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
             shadowed[key] = answer
         elif record.get("role", "production") == "production":
             production[key] = answer
-    pairs = [(production[key], s) for key, s in shadowed.items() if key in production]
+    others = sorted({p["model"] for key, p in production.items() if key in shadowed} - {incumbent})
+    pairs = [(p, s) for key, s in shadowed.items() if (p := production.get(key)) and p["model"] == incumbent]
     if not pairs:
-        raise CommandError(f"the log has no document that both {challenger} (shadow) and production answered: "
-                           f"start one with `han-model shadow {challenger} --fraction 0.2`")
+        beside = f" (it shadowed {', '.join(others)}: compare with that version)" if others else (
+            f": start one with `han-model shadow {challenger} --fraction 0.2`")
+        raise CommandError(f"the log has no document that both {challenger} (shadow) and {incumbent} "
+                           f"(production) answered{beside}")
+    if others:
+        print(f"note: left out the documents {challenger} shadowed beside {', '.join(others)}; compared with "
+              f"{incumbent} alone", file=sys.stderr)
     feedback = feedback_map(name, store_url(args), since, until)
-    return compare_pairs(pairs, feedback, challenger, old)
+    return compare_pairs(pairs, feedback, challenger, incumbent)
 
 
 def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],

@@ -215,6 +215,9 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     again = han_model(home, "promote", tags["worse"])
     assert again.returncode == 1 and again.stderr.startswith("error: refused:"), again.stdout + again.stderr
     assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
+    small = han_model(home, "promote", tags["worse"], "--data", str(DATA), "--limit", "3")  # nor does one of its own
+    assert small.returncode == 1 and small.stderr.startswith("error: refused:"), small.stdout + small.stderr
+    assert "the gate keeps the refusal on" in small.stdout and [model_of(url) for url in urls] == [tags["A"]] * 2
     forced = han_model(home, "promote", tags["worse"], "--force")
     assert forced.returncode == 0, forced.stderr
     wait_for(urls, tags["worse"], 5)
@@ -225,7 +228,7 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     assert forced_entry["forced"] and forced_entry["comparison"]["verdict"] == "worse"
     lines = (home / "deployments" / NAME / "decisions.jsonl").read_text().splitlines()
     decisions = [json.loads(line) for line in lines]
-    assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused", "refused", "promoted"]
+    assert [d["decision"] for d in decisions if d["tag"] == tags["worse"]] == ["refused"] * 3 + ["promoted"]
 
 
 def test_the_api_document_lists_the_labels_of_the_version_served(deployment: dict) -> None:

@@ -8,6 +8,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,26 @@ def test_a_reused_ids_feedback_stays_with_the_text_it_labelled(home: Path, tmp_p
     capsys.readouterr()
     assert main(["monitor", NAME]) == 0
     assert "realised accuracy on 1 with feedback: 1.0000" in capsys.readouterr().out
+    # the shadow's copy of r1 (same request and id, logged after): --role all still exports production's answer
+    _write_log(home, [_record(2, f"{NAME}:v9", ["neg"], neg, "Loved it.", role="shadow", request="r1", doc="a")])
+    assert main(["export-log", NAME, str(out), "--labelled-only", "--role", "all", "--overwrite"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["label"], r["predicted"], r["model"]) for r in rows] == [("a", "pos", "pos", f"{NAME}:v1")]
+
+
+def test_a_multi_label_version_gone_from_the_store_is_judged_as_one(home: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Its config is deleted: the monitor tells multi-label from its answers' scores (one sigmoid a label,
+    here one label each), as export-log does, and an empty feedback (no label applies) is a result."""
+    scores = {"a": 0.9, "b": 0.2, "c": 0.1}  # sums to 1.2: not one distribution
+    records = [_record(i, f"{NAME}:gone", ["a"], scores, request=f"r{i}") for i in range(2)]
+    _write_log(home, records)
+    _feedback(home, records, {"d0": [], "d1": ["a", "b"]})
+    capsys.readouterr()
+    assert main(["monitor", NAME, "--json", str(tmp_path / "m.json")]) == 0
+    assert "realised accuracy on 2 with feedback: 0.6667" in capsys.readouterr().out  # 2 of 3 labels right, each
+    assert main(["export-log", NAME, str(tmp_path / "out.jsonl")]) == 0
+    assert "label column: labels" in capsys.readouterr().out
 
 
 def test_export_of_a_multi_label_model_writes_a_list_in_every_row(home: Path, tmp_path: Path,
@@ -182,6 +203,9 @@ def test_bad_input_is_one_line(home: Path, tmp_path: Path, capsys: pytest.Captur
     _single_label_log(home)
     assert main(["export-log", NAME, str(tmp_path / "x.jsonl"), "--since", "2030-01-01"]) == 1
     assert "no logged document in the window" in capsys.readouterr().err
+    for option in ("--since", "--until"):  # a span past what a date holds (an OverflowError traceback before)
+        assert main(["monitor", NAME, option, "100000000d"]) == 1
+        assert f"{option}: '100000000d' reaches back before the year 1" in capsys.readouterr().err
     typo = tmp_path / "feedbak.sqlite3"  # a mistyped --store: said so, and no empty store made there
     assert main(["monitor", NAME, "--store", str(typo)]) == 1
     assert capsys.readouterr().err.strip().endswith(f"feedback store {typo}: no such file")
@@ -206,6 +230,59 @@ def test_shadow_answers_pair_with_the_same_request(home: Path, monkeypatch: pyte
     args = argparse.Namespace(since=None, until=None, store=None)
     result = shadow_comparison(f"{NAME}:v2", f"{NAME}:v1", args)
     assert result["paired"] == 1 and result["agreement"] == 1.0 and "verdict" not in result
+
+
+def test_a_shadow_comparison_pairs_the_old_versions_answers_alone(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Production moved from v1 to v2 while v3 was shadowed: compared with v2 (the verdict is filed against
+    it, and the gate trusts it), only v2's answers are paired; v1's are left out, and said so."""
+    import model_store
+
+    monkeypatch.setattr(model_store, "resolve_tag", lambda ref: ref)
+    pos, neg = {"neg": 0.1, "pos": 0.9}, {"neg": 0.9, "pos": 0.1}
+    production = [_record(i, f"{NAME}:v1" if i < 25 else f"{NAME}:v2", ["pos"], pos, request=f"r{i}")
+                  for i in range(35)]
+    shadow = [_record(40 + i, f"{NAME}:v3", ["neg"], neg, role="shadow", request=f"r{i}", doc=f"d{i}")
+              for i in range(35)]
+    _write_log(home, production + shadow)
+    args = argparse.Namespace(since=None, until=None, store=None)
+    result = shadow_comparison(f"{NAME}:v3", f"{NAME}:v2", args)
+    assert result["paired"] == 10 and result["production_versions"] == [f"{NAME}:v2"] and result["old"] == f"{NAME}:v2"
+    assert f"left out the documents {NAME}:v3 shadowed beside {NAME}:v1" in capsys.readouterr().err
+    with pytest.raises(loop_commands.CommandError, match=f"it shadowed {NAME}:v1, {NAME}:v2: compare with that"):
+        shadow_comparison(f"{NAME}:v3", f"{NAME}:v0", args)
+
+
+def test_asking_again_for_a_shadow_that_failed_waits_for_this_requests_answer(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker's report still names the last request's load failure for up to its next report (2 s): a
+    second ``han-model shadow`` must not take that for its own answer."""
+    import threading
+
+    import model_store
+    from model_store.production import report_replica
+    from monitoring.shadow import read_shadow
+    from registry.shadow_commands import shadow
+
+    monkeypatch.setattr(model_store, "resolve_tag", lambda ref: ref)
+    tag = f"{NAME}:v3"
+    report_replica(NAME, f"{NAME}:v1", None, shadow={"tag": None, "failed": {
+        "tag": tag, "reason": "RuntimeError: out of memory", "asked": "an earlier request"}})
+    args = argparse.Namespace(tag=tag, fraction=0.5, stop=False, wait=0.6)
+    assert shadow(args) == 1
+    assert "did not load it within 0.6 s" in capsys.readouterr().out  # not the earlier request's failure
+
+    def answer() -> None:  # the worker tries this request's load and fails again
+        time.sleep(0.3)
+        report_replica(NAME, f"{NAME}:v1", None, shadow={"tag": None, "failed": {
+            "tag": tag, "reason": "RuntimeError: still out of memory", "asked": read_shadow(NAME)["asked"]}})
+
+    worker = threading.Thread(target=answer)
+    worker.start()
+    args.wait = 10
+    assert shadow(args) == 1
+    worker.join()
+    assert "(RuntimeError: still out of memory)" in capsys.readouterr().out
 
 
 def test_a_shadow_comparison_has_the_keys_promote_reads() -> None:
