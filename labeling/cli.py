@@ -124,9 +124,11 @@ def _model(ref: str | None) -> tuple[str, str, Any]:
     except model_store.ModelOpenError as e:
         raise LabelError(str(e)) from None
     ref = ref or model_store.default_model_tag()
+    if Path(ref).is_dir():  # a model directory outside the store (BentoML would read it as a tag, lowercased)
+        return str(directory), str(ref), saved
     try:
         tag = model_store.resolve_tag(ref)
-    except model_store.ModelNotFoundError:  # a model directory outside the store
+    except model_store.ModelNotFoundError:
         tag = str(ref)
     return str(directory), tag, saved
 

@@ -80,7 +80,7 @@ def read_export(path: Path, labels: list[str], multi_label: bool) -> Labelled:
         records = _csv_records(path)
         return _from_min(path, records, labels, multi_label, row_word="row", first=2)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_text(encoding="utf-8-sig")  # a BOM: saved again by an editor
     except UnicodeDecodeError as e:
         raise ExportError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); Label Studio exports UTF-8") from None
     try:
@@ -100,7 +100,7 @@ def read_export(path: Path, labels: list[str], multi_label: bool) -> Labelled:
 def _csv_records(path: Path) -> list[dict[str, Any]]:
     csv.field_size_limit(1 << 30)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # a BOM: the export saved again from a spreadsheet
             return list(csv.DictReader(f))
     except (csv.Error, UnicodeDecodeError) as e:
         raise ExportError(f"{path}: not a readable CSV file ({e})") from None

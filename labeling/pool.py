@@ -58,7 +58,7 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     if path.is_file() and path.stat().st_size == 0:
         raise PoolError(f"{source}: the pool is empty (an empty file)")
     try:
-        table = load_source(source)
+        table = load_source(source, csv_cells_as_text=True)  # ids and texts as written
     except DataError as e:
         raise PoolError(str(e)) from None
     columns = table.column_names
@@ -91,12 +91,14 @@ def open_log(name: str, since: Any = None, store: str | None = None) -> Pool:
 
     from monitoring.feedback_store import StoreError
     from monitoring.log_files import log_folder, read_log
-    from registry.loop_commands import feedback_map
+    from registry.loop_commands import CommandError, feedback_map
 
     try:
         feedback = feedback_map(name, store, None, None)
     except StoreError as e:
         raise PoolError(f"log:{name}: the feedback store cannot be read ({e})") from None
+    except CommandError as e:  # the service keeps its feedback elsewhere: --store, named
+        raise PoolError(f"log:{name}: {e}") from None
 
     folder = log_folder(name)
     if not folder.is_dir():

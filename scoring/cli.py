@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_written(args: argparse.Namespace) -> None:
     """Refuse an output, errors file or summary that is the input (writing it would destroy what is read),
-    and a summary whose folder is missing (found only once the job had run)."""
+    a summary that is the output or its errors, and a summary whose folder is missing (found only once
+    the job had run)."""
     from scoring.formats import errors_path
 
     source = Path(args.input).resolve()
@@ -83,6 +84,11 @@ def _check_written(args: argparse.Namespace) -> None:
     for path, what in written:
         if Path(path).resolve() == source:
             raise BatchError(f"{path}: {what} would overwrite the input")
+    summary = Path(args.summary_json).resolve() if args.summary_json else None
+    for path, what in written[:3]:  # the summary, written last, would replace what the job wrote
+        if summary == Path(path).resolve():
+            raise BatchError(f"--summary-json {args.summary_json}: is {what}; writing the summary there would "
+                             "replace it: choose another file")
     if args.summary_json and not Path(args.summary_json).resolve().parent.is_dir():
         raise BatchError(f"--summary-json {args.summary_json}: folder {Path(args.summary_json).parent} does not exist")
 

@@ -446,7 +446,11 @@ def test_outputs_and_shards_are_checked_before_overwrite_removes_anything(tmp_pa
              ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(source)],
               "--summary-json would overwrite"),
              ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "nope" / "s.json")],
-              f"folder {tmp_path / 'nope'} does not exist")]
+              f"folder {tmp_path / 'nope'} does not exist"),
+             ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "o.jsonl")],
+              "is the output; writing the summary there would replace it"),
+             ([str(source), str(tmp_path / "o.jsonl"), "--summary-json", str(tmp_path / "o.jsonl.errors.jsonl")],
+              "is the output's errors file; writing the summary there")]
     cases.append(([str(source), str(tmp_path / "o.jsonl"), "--shard-index", "5"], "--shard-index must be below"))
     if engine == "local":  # the Ray engine writes a folder of parts
         (tmp_path / "dir.jsonl").mkdir()

@@ -355,6 +355,46 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
     with csv_out.open(newline="") as f:
         assert list(csv.DictReader(f)) == [{"id": "d1", "text": "Great, fun.\nReally.", "label": "pos"}]
     assert f"han-label: {table}: task 8 (document d2): skipped: no annotation" in done.stderr
+    # saved again from a spreadsheet or an editor: a byte-order mark before the first column's name
+    for export in (table, minimal):
+        export.write_bytes(b"\xef\xbb\xbf" + export.read_bytes())
+        again = han_label("import", str(export), str(tmp_path / f"bom-{export.stem}.jsonl"), "--model",
+                          str(tiny_model_dir))
+        assert again.returncode == 0 and "d1" in (tmp_path / f"bom-{export.stem}.jsonl").read_text(), again.stderr
+
+
+def test_next_from_a_log_whose_service_keeps_its_feedback_elsewhere_is_one_line(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service records feedback in PostgreSQL and han-label runs in a shell without the URL: one line
+    naming the store (a traceback before), as han-model's commands say it."""
+    from model_store.production import note_feedback_store
+
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
+    monkeypatch.delenv("HAN_FEEDBACK_STORE", raising=False)
+    note_feedback_store("han-elsewhere", "postgresql://svc:***@db:5432/han")
+    done = han_label("next", "log:han-elsewhere", "--n", "2", "--out", str(tmp_path / "q.jsonl"), "--model",
+                     str(tiny_model_dir))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("han-label: error: log:han-elsewhere: the service records han-elsewhere's "
+                                  "feedback in postgresql://svc:***@db:5432/han"), done.stderr
+    assert "--store URL" in done.stderr
+
+
+def test_next_reads_a_csv_pools_cells_as_written(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ids keep their leading zeros (as han-score's output has them), and a review that reads "NA" or
+    "null" is a document, not a missing value."""
+    pool = tmp_path / "pool.csv"
+    rows = read_jsonl("reviews.jsonl")[:10]
+    with pool.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text"])
+        w.writerows([(f"{k:05d}", r["text"]) for k, r in enumerate(rows)] + [("00010", "NA"), ("00011", "null")])
+    out = tmp_path / "queue.jsonl"
+    done = han_label("next", str(pool), "--n", "12", "--holdout", "0", "--out", str(out), "--model",
+                     str(tiny_model_dir), "--strategy", "random")
+    assert done.returncode == 0, done.stderr
+    assert "left out" not in done.stderr and "Converting" not in done.stderr, done.stderr
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == [f"{k:05d}" for k in range(12)]
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -15,13 +15,14 @@ class DataError(ValueError):
     """A data problem the user can fix: a missing file or column, a single-class label column, ..."""
 
 
-def load_source(source: str) -> datasets.Dataset:
+def load_source(source: str, csv_cells_as_text: bool = False) -> datasets.Dataset:
     """Load one split.
 
     ``source`` is a Parquet/CSV/JSON Lines file, a folder with one sub-folder of ``.txt`` files per
     class (scikit-learn's ``load_files`` layout; columns ``text`` and ``label``), or a Hugging Face
     dataset name with an optional ``:split`` suffix (``stanfordnlp/imdb:test``; default ``train``),
-    which needs the hub or a local cache.
+    which needs the hub or a local cache. ``csv_cells_as_text``: a CSV's cells are read as written, ids
+    keeping their leading zeros and a text of "NA" or "null" its words; only an empty cell is missing.
     """
     path = Path(source)
     if path.is_dir():
@@ -30,8 +31,9 @@ def load_source(source: str) -> datasets.Dataset:
         if not path.is_file():
             raise DataError(f"{source}: file not found")
         fmt = FILE_FORMATS[path.suffix.lower()]
+        options = _csv_text_options(path) if fmt == "csv" and csv_cells_as_text else {}
         try:
-            return datasets.load_dataset(fmt, data_files=str(path), split="train")
+            return datasets.load_dataset(fmt, data_files=str(path), split="train", **options)
         except Exception as e:  # datasets wraps parser errors in many types
             cause = _first_line(e)
             if "corresponds to no data" in cause or cause == "StopIteration":  # a header alone, or nothing
@@ -46,6 +48,21 @@ def load_source(source: str) -> datasets.Dataset:
         raise DataError(
             f"{source}: not a file or folder here, and not loadable as a Hugging Face dataset ({_first_line(e)})"
         ) from e
+
+
+def _csv_text_options(path: Path) -> dict:
+    """pandas' options for a CSV read as text: every column a string, an empty cell the only missing value."""
+    import csv
+
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}  # the read itself says what is wrong
+    if not header or len(set(header)) != len(header):
+        return {}
+    return {"keep_default_na": False, "na_values": [""],
+            "features": datasets.Features({c: datasets.Value("string") for c in header})}
 
 
 def _load_folder(path: Path) -> datasets.Dataset:
