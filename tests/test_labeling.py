@@ -356,28 +356,33 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
         assert list(csv.DictReader(f)) == [{"id": "d1", "text": "Great, fun.\nReally.", "label": "pos"}]
     assert f"han-label: {table}: task 8 (document d2): skipped: no annotation" in done.stderr
     # saved again from a spreadsheet or an editor: a byte-order mark before the first column's name
+    from labeling.cli import main
+
     for export in (table, minimal):
         export.write_bytes(b"\xef\xbb\xbf" + export.read_bytes())
-        again = han_label("import", str(export), str(tmp_path / f"bom-{export.stem}.jsonl"), "--model",
-                          str(tiny_model_dir))
-        assert again.returncode == 0 and "d1" in (tmp_path / f"bom-{export.stem}.jsonl").read_text(), again.stderr
+        assert main(["import", str(export), str(tmp_path / f"bom-{export.stem}.jsonl"), "--model",
+                     str(tiny_model_dir)]) == 0
+        assert "d1" in (tmp_path / f"bom-{export.stem}.jsonl").read_text()
 
 
 def test_next_from_a_log_whose_service_keeps_its_feedback_elsewhere_is_one_line(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The service records feedback in PostgreSQL and han-label runs in a shell without the URL: one line
     naming the store (a traceback before), as han-model's commands say it."""
     from model_store.production import note_feedback_store
 
     monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
     monkeypatch.delenv("HAN_FEEDBACK_STORE", raising=False)
+    from labeling.cli import main
+
     note_feedback_store("han-elsewhere", "postgresql://svc:***@db:5432/han")
-    done = han_label("next", "log:han-elsewhere", "--n", "2", "--out", str(tmp_path / "q.jsonl"), "--model",
-                     str(tiny_model_dir))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("han-label: error: log:han-elsewhere: the service records han-elsewhere's "
-                                  "feedback in postgresql://svc:***@db:5432/han"), done.stderr
-    assert "--store URL" in done.stderr
+    assert main(["next", "log:han-elsewhere", "--n", "2", "--out", str(tmp_path / "q.jsonl"), "--model",
+                 str(tiny_model_dir), "--workers", "1", "--quiet"]) == 2  # in this process: its error is the point
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("han-label: error: log:han-elsewhere: the service records "
+                                                    "han-elsewhere's feedback in postgresql://svc:***@db:5432/han")
+    assert "--store URL" in err
 
 
 def test_next_reads_a_csv_pools_cells_as_written(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -209,15 +209,13 @@ def test_a_worse_challenger_is_refused_unless_forced(deployment: dict) -> None:
     assert refused.returncode == 1 and refused.stderr.startswith("error: refused:")
     assert "worse than" in refused.stderr and "Traceback" not in refused.stderr
     assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
-    # a smaller comparison afterwards ("no clear difference" on 3 documents) does not lift the refusal
-    small = han_model(home, "compare", tags["worse"], f"{NAME}:production", "--data", str(DATA), "--limit", "3")
-    assert small.returncode == 0 and "the gate keeps the refusal on" in small.stdout, small.stdout + small.stderr
-    again = han_model(home, "promote", tags["worse"])
-    assert again.returncode == 1 and again.stderr.startswith("error: refused:"), again.stdout + again.stderr
-    assert [model_of(url) for url in urls] == [tags["A"], tags["A"]]
-    small = han_model(home, "promote", tags["worse"], "--data", str(DATA), "--limit", "3")  # nor does one of its own
+    # a smaller comparison afterwards ("no clear difference" on 3 documents), made by promote itself, is
+    # printed but not stored, and does not lift the refusal (it promoted, before)
+    small = han_model(home, "promote", tags["worse"], "--data", str(DATA), "--limit", "3")
     assert small.returncode == 1 and small.stderr.startswith("error: refused:"), small.stdout + small.stderr
     assert "the gate keeps the refusal on" in small.stdout and [model_of(url) for url in urls] == [tags["A"]] * 2
+    again = han_model(home, "promote", tags["worse"])  # the stored refusal is still the larger one
+    assert again.returncode == 1 and again.stderr.startswith("error: refused:"), again.stdout + again.stderr
     forced = han_model(home, "promote", tags["worse"], "--force")
     assert forced.returncode == 0, forced.stderr
     wait_for(urls, tags["worse"], 5)
