@@ -22,11 +22,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from scoring import BatchError
 from scoring.formats import errors_path
-from scoring.read import id_column_of
+from scoring.read import arrow_csv_as_text, id_column_of
 from scoring.read_causes import read_cause
 from scoring.score import ScoringOptions
 
@@ -254,6 +255,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
             # Reads take a tenth of a CPU: the actors hold the rest, and a read that waited for a whole
             # CPU would never run on a machine whose every core holds an actor (the job would hang).
             extra: dict[str, Any] = {"file_extensions": None} if fmt == "json" else {}
+            extra |= arrow_csv_as_text(Path(args.input)) if fmt == "csv" else {}  # as the local engine reads
             ds = read(args.input, num_cpus=0.1, **extra)
             schema = ds.schema()
         except Exception as e:

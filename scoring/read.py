@@ -166,6 +166,22 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
     return InputFile(path, fmt, text_column, id_column, columns, id_is_int, empty=first is None)
 
 
+def arrow_csv_as_text(path: Path) -> dict[str, Any]:
+    """Ray Data's ``read_csv`` options for reading cells as the local engine does: every column of the
+    header a string (an id 00042 keeps its zeros), only an empty cell missing (a review "NA" is a text).
+    ``path``: the file, or a folder of them (the first one's header)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    first = path if path.is_file() else next(iter(sorted(path.glob("*.csv"))), None)
+    try:
+        header = _csv_header(first) if first is not None else []
+    except OSError:
+        header = []
+    return {"convert_options": pacsv.ConvertOptions(column_types={c.lstrip("\ufeff"): pa.string() for c in header},
+                                                    null_values=[""], strings_can_be_null=True)}
+
+
 def _csv_header(path: Path) -> list[str]:
     import csv
 

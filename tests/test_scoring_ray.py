@@ -139,6 +139,27 @@ def test_csv_with_explanations_is_written_as_the_local_engine_writes_it(
             assert [s["weight"] for s in got] == pytest.approx([s["weight"] for s in expected], abs=1.5e-6)
 
 
+def test_a_csv_input_is_read_as_written_by_both_engines(tmp_path: Path, tiny_model_dir: Path,
+                                                        local_ray: None) -> None:
+    """Arrow's CSV reader guesses types, as pandas does: an id 00042 became 42, and a review reading "NA"
+    a missing text. Both engines read cells as written."""
+    import csv
+
+    src = tmp_path / "in.csv"
+    with src.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text"])
+        w.writerows([(f"{k:05d}", "NA" if k == 3 else "null" if k == 4 else f"A fine film, number {k}.")
+                     for k in range(12)])
+    for engine in ("ray", "local"):
+        out = tmp_path / f"{engine}.jsonl"
+        extra = ["--engine", "ray"] if engine == "ray" else ["--workers", "1"]
+        assert main([str(src), str(out), "--model", str(tiny_model_dir), "--quiet", *extra]) == 0
+        files = sorted(out.glob("part-*.jsonl")) if out.is_dir() else [out]
+        rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+        assert sorted(r["id"] for r in rows) == [f"{k:05d}" for k in range(12)], engine
+
+
 def test_an_input_that_repeats_a_whole_batch_is_an_error_not_a_silent_loss(
     tmp_path: Path, tiny_model_dir: Path, local_ray: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
