@@ -58,7 +58,7 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     if path.is_file() and path.stat().st_size == 0:
         raise PoolError(f"{source}: the pool is empty (an empty file)")
     try:
-        table = load_source(source, csv_cells_as_text=True)  # ids and texts as written
+        table = load_source(source)
     except DataError as e:
         raise PoolError(str(e)) from None
     columns = table.column_names

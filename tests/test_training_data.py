@@ -213,3 +213,23 @@ def test_the_validation_split_keeps_a_documents_side_as_the_labelled_set_grows(t
         assert len(sides[-1][1]) == math.ceil(n * 0.1)
     (trained, _), (_, validated) = sides
     assert len(validated & trained) <= 0.05 * len(validated)  # a random split each time: about 75% of them
+
+
+def test_a_csv_is_read_as_written(tmp_path: Path) -> None:
+    """pandas' guesses, as datasets' CSV reader makes them: a review reading "NA" was a missing text (the fit
+    refused its row), and labels 0/1 with one row unlabelled became "0.0" and "1.0"."""
+    import csv
+
+    path = tmp_path / "train.csv"
+    rows = [("NA" if i == 0 else f"review number {i} was {'good' if i % 2 else 'bad'}.", "" if i == 1 else i % 2)
+            for i in range(12)]
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *rows])
+    table = load_source(str(path))
+    assert table["text"][0] == "NA" and table["label"][:3] == ["0", None, "0"]
+    with path.open("w", newline="") as f:  # every row labelled, as a training file's must be
+        csv.writer(f).writerows([("text", "label"), *((text, i % 2) for i, (text, _) in enumerate(rows))])
+    data = HANDataModule(str(path), val_fraction=0.25, min_freq=1, cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    assert data.label_names == ["0", "1"]
+    assert "NA" in set(data.texts("train")) | set(data.texts("validation"))

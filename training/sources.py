@@ -15,14 +15,15 @@ class DataError(ValueError):
     """A data problem the user can fix: a missing file or column, a single-class label column, ..."""
 
 
-def load_source(source: str, csv_cells_as_text: bool = False) -> datasets.Dataset:
+def load_source(source: str, csv_cells_as_text: bool = True) -> datasets.Dataset:
     """Load one split.
 
     ``source`` is a Parquet/CSV/JSON Lines file, a folder with one sub-folder of ``.txt`` files per
     class (scikit-learn's ``load_files`` layout; columns ``text`` and ``label``), or a Hugging Face
     dataset name with an optional ``:split`` suffix (``stanfordnlp/imdb:test``; default ``train``),
-    which needs the hub or a local cache. ``csv_cells_as_text``: a CSV's cells are read as written, ids
-    keeping their leading zeros and a text of "NA" or "null" its words; only an empty cell is missing.
+    which needs the hub or a local cache. A CSV's cells are read as written (as han-score reads them):
+    ids keep their leading zeros, a text "NA" or "null" is words, a label 1 is "1" (never "1.0" because
+    another row's is empty); only an empty cell is missing. ``csv_cells_as_text=False``: pandas' guesses.
     """
     path = Path(source)
     if path.is_dir():
