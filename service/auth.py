@@ -28,6 +28,8 @@ from starlette.responses import JSONResponse
 from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
 
 OPEN_PATHS = frozenset({"/", "/dashboard", "/livez", "/readyz", "/healthz", "/docs", "/docs.json", "/favicon.ico"})
+# BentoML's /docs page loads its scripts and styles from here (no data; a browser sends no key for them)
+OPEN_PREFIX = "/static_content/"
 # What each scope allows; a path not listed needs a key without scopes.
 SCOPES = {"classify": frozenset({"/classify", "/model"}), "feedback": frozenset({"/feedback"}),
           "monitor": frozenset({"/monitor", "/metrics"})}
@@ -192,7 +194,8 @@ class ApiKeyGuard:
                        send: Callable[[Any], Awaitable[None]]) -> None:
         if self._following is None and self.keys.path is not None:  # the first call (the worker's lifespan)
             self._following = asyncio.get_running_loop().create_task(self._follow())
-        if scope["type"] != "http" or not self.digests or scope["path"] in self.open:
+        if (scope["type"] != "http" or not self.digests or scope["path"] in self.open
+                or (scope["path"].startswith(OPEN_PREFIX) and ".." not in scope["path"])):
             await self.app(scope, receive, send)
             return
         authorization = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), None)

@@ -78,8 +78,11 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
     found (id: model, labels), the items refused for their labels (index, why), and the stored labels that
     are new for their id (none before, or others: what /metrics counts, so a label sent again is not)."""
     ids = [item.id for item in items]
+    # this worker's queued answers first: a reused id is found in the store, but its new answer may still
+    # be queued, and the feedback judges the answer the client has just seen
+    flushed = flush(ANSWER_GRACE)
     answered = store.latest_predictions(ids)
-    deadline, flushed = time.monotonic() + ANSWER_GRACE, True
+    deadline = time.monotonic() + ANSWER_GRACE
     while len(answered) < len(set(ids)) and time.monotonic() < deadline:  # an answer may be on its way to the
         flushed = flush(ANSWER_GRACE)  # store: this worker's queue, then another worker's or replica's
         time.sleep(0.05)

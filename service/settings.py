@@ -29,6 +29,23 @@ FEEDBACK_STORE_ENV, RETENTION_ENV = "HAN_FEEDBACK_STORE", "HAN_FEEDBACK_RETENTIO
 GRADIENT_IDLE_ENV = "HAN_GRADIENT_HELPER_IDLE_S"
 
 
+MAX_RETENTION_DAYS = 36_500
+
+
+def store_setting(environ: Mapping[str, str]) -> str | None:
+    """``HAN_FEEDBACK_STORE``: a file path, ``sqlite:///path`` or a PostgreSQL URL; any other scheme is refused
+    here, at start, rather than answering 503 for good."""
+    value = environ.get(FEEDBACK_STORE_ENV, "").strip() or None
+    scheme, marker, rest = (value or "").partition("://")
+    if marker and (scheme.lower() not in ("sqlite", "postgresql", "postgres") or (scheme.lower() == "sqlite"
+                                                                                  and not rest)):
+        from monitoring.feedback_store import redact
+
+        raise ValueError(f"{FEEDBACK_STORE_ENV} must be a file path, sqlite:///path or "
+                         f"postgresql://user:password@host:port/db, not {redact(value or '')!r}")
+    return value
+
+
 def switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
     """``environ[name]`` as on (1, true, yes, on) or off (0, false, no, off), else ``default``."""
     value = environ.get(name, "").strip().lower()
@@ -69,17 +86,17 @@ class Settings:
                                     "0: never wait") / 1000,
             requests_per_connection=whole_number(environ, REQUESTS_PER_CONNECTION_ENV, cls.requests_per_connection,
                                                  "requests", "0: never end a connection"),
-            access_log=environ.get("HAN_ACCESS_LOG") == "1",
+            access_log=switch(environ, "HAN_ACCESS_LOG", cls.access_log),
             keys_file=environ.get(KEYS_FILE_ENV, "").strip() or None,
             keys=environ.get(KEYS_ENV, "").strip() or None,
-            allow_anonymous=environ.get(ANONYMOUS_ENV) == "1",
-            metrics_open=environ.get("HAN_METRICS_OPEN") == "1",
+            allow_anonymous=switch(environ, ANONYMOUS_ENV, cls.allow_anonymous),
+            metrics_open=switch(environ, "HAN_METRICS_OPEN", cls.metrics_open),
             host=environ.get("BENTOML_HOST") or cls.host,
             log=switch(environ, LOG_ENV, cls.log),
             log_text=switch(environ, LOG_TEXT_ENV, cls.log_text),
             log_file_mb=whole_number(environ, LOG_FILE_ENV, cls.log_file_mb, "megabytes", "at least 1", minimum=1),
             log_max_mb=whole_number(environ, LOG_CAP_ENV, cls.log_max_mb, "megabytes", "at least 1", minimum=1),
-            feedback_store=environ.get(FEEDBACK_STORE_ENV, "").strip() or None,
+            feedback_store=store_setting(environ),
             feedback_retention_days=whole_number(environ, RETENTION_ENV, cls.feedback_retention_days, "days",
                                                  "at least 1", minimum=1),
             gradient_idle=whole_number(environ, GRADIENT_IDLE_ENV, cls.gradient_idle, "seconds", "at least 1",
@@ -89,6 +106,9 @@ class Settings:
     def checked(self) -> Settings:
         """Settings that make sense together: a log file is at most a quarter of the log's cap, so that the
         cap holds with a file open in each of a few workers."""
+        if self.feedback_retention_days > MAX_RETENTION_DAYS:  # a date that far back does not exist
+            raise ValueError(f"{RETENTION_ENV} must be at most {MAX_RETENTION_DAYS} days (a hundred years), not "
+                             f"{self.feedback_retention_days}")
         if self.log_file_mb * 4 > self.log_max_mb:
             raise ValueError(f"{LOG_FILE_ENV}={self.log_file_mb} must be at most a quarter of {LOG_CAP_ENV}="
                              f"{self.log_max_mb} (the megabytes of one log file, against the whole log's cap)")

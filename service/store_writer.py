@@ -49,6 +49,10 @@ class StoreWriter:
         self._open_lock = threading.Lock()
         # Answers not yet written, kept or dropped: its unfinished tasks are what ``flush`` waits for.
         self._queue: queue.Queue[Row] = queue.Queue(QUEUE_ROWS)
+        # Answers put, and answers settled (written, kept or dropped), counted so that ``flush`` waits for
+        # those queued before it alone: under steady traffic the queue is rarely empty.
+        self._counts = threading.Condition()
+        self._put = self._settled = 0
         self._dropped = dropped
         self._inflight: list[Row] = []  # the batch the thread is writing
         self._stopping = threading.Event()
@@ -75,16 +79,25 @@ class StoreWriter:
 
     def put(self, answers: Sequence[Row]) -> None:
         for answer in answers:
+            with self._counts:
+                self._put += 1
             try:
                 self._queue.put_nowait(answer)
             except queue.Full:
                 self._dropped().inc(len(answer[3]))
+                self._settle(1)
+
+    def _settle(self, n: int) -> None:
+        with self._counts:
+            self._settled += n
+            self._counts.notify_all()
 
     def flush(self, timeout: float) -> bool:
         """Wait until what was queued is written (what ``POST /feedback`` does before naming an id unknown);
         False while it is not, or while answers kept at a shutdown still wait to be written."""
-        with self._queue.all_tasks_done:
-            done = self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
+        with self._counts:
+            target = self._put
+            done = self._counts.wait_for(lambda: self._settled >= target, timeout)
         return done and not self._kept_files()
 
     def close(self, timeout: float = 15.0) -> None:
@@ -121,11 +134,10 @@ class StoreWriter:
                     break
             taken, stop = len(batch), batch[-1] is _STOP
             self._inflight = batch = [b for b in batch if b is not _STOP]
+            rows = len(batch)
             while batch:
                 try:
                     self._record(batch)
-                    self._retain()
-                    break
                 except Exception as e:  # the store is down: keep the rows, try again after a pause
                     if time.monotonic() - warned > 60:
                         warned = time.monotonic()
@@ -138,9 +150,13 @@ class StoreWriter:
                         self._dropped().inc(sum(len(a[3]) for a in batch))
                         break
                     self._stopping.wait(RETRY_SECONDS)
+                    continue
+                self._retain()  # never raises: a batch written is never written again
+                break
             self._inflight = []
             for _ in range(taken):
                 self._queue.task_done()
+            self._settle(rows)
             if stop:
                 return
 
@@ -154,6 +170,7 @@ class StoreWriter:
             self._queue.task_done()
             if row is not _STOP:
                 rows.append(row)
+                self._settle(1)
 
     def _record(self, batch: list[Row]) -> None:
         """Write a batch. Where the store refuses it (a rule broken, which no retry mends), each answer and
@@ -183,7 +200,10 @@ class StoreWriter:
     def _retain(self) -> None:
         if time.monotonic() - self._pruned > RETENTION_EVERY:
             self._pruned = time.monotonic()
-            self.store.forget_predictions(datetime.now(UTC) - self.retention)
+            try:
+                self.store.forget_predictions(datetime.now(UTC) - self.retention)
+            except Exception as e:  # tried again within the hour
+                logger.error("cannot delete old predictions from the feedback store: %s", _line(e))
 
     # -- answers kept across a restart ---------------------------------------------------------------
     def _keep(self, rows: list[Row]) -> None:

@@ -79,7 +79,7 @@ class WayBack:
         self._metrics_lock = threading.Lock()
         with contextlib.suppress(OSError):  # where han-model monitor must look (None: the default file)
             where = settings.feedback_store
-            where = where and (redact(where) if "://" in where else str(Path(where).resolve()))
+            where = where and (redact(where) if "://" in where else str(Path(where).expanduser().resolve()))
             note_feedback_store(name, where or None)
         self.writer = StoreWriter(settings.feedback_store, default_store_path(name), settings.feedback_retention_days,
                                   lambda: self.metrics.dropped)

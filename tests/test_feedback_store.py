@@ -267,6 +267,35 @@ def test_answers_written_late_keep_their_time_and_place(url: str, tmp_path: Path
     assert Dropped.n == 0
 
 
+def test_feedback_on_a_reused_id_judges_the_answer_still_queued(tmp_path: Path) -> None:
+    """A client reuses an id: its new answer is still in the worker's queue (the store is busy) when the
+    feedback arrives. The id is found in the store (its old answer), so the feedback waited for nothing and
+    judged the old answer; it waits for what this worker queued before it."""
+    from service.feedback import store_feedback
+    from service.store_writer import StoreWriter
+
+    class Count:
+        def inc(self, n: int = 1) -> None:
+            raise AssertionError("nothing is dropped here")
+
+    url = str(tmp_path / "feedback.db")
+    with open_store(url, tmp_path / "unused.db") as store:
+        store.record_predictions("r1", MODEL, predictions("a", label="pos"), at=NOW - timedelta(minutes=1))
+        writer = StoreWriter(url, tmp_path / "unused.db", 90, Count)
+        assert writer.flush(30)
+        busy = writer.store._lock  # the writer's own connection, held as a long transaction would
+        busy.acquire()
+        writer.put([("r2", MODEL, "production", predictions("a", label="neg"), NOW)])
+        threading.Timer(0.15, busy.release).start()
+        Item = type("Item", (), {})
+        item = Item()
+        item.id, item.label = "a", "neg"
+        response, answered, refused, _ = store_feedback(store, [item], "test", writer.flush, ["neg", "pos"])
+        assert answered["a"] == (MODEL, ["neg"]) and response.stored == 1 and not refused
+        assert [(r.request_id, r.feedback) for r in store.joined(latest=False)] == [("r1", None), ("r2", ["neg"])]
+        writer.close()
+
+
 def test_durable_across_a_restart(url: str, tmp_path: Path) -> None:
     with open_store(url, tmp_path / "unused.db") as store:
         store.record_predictions("req-1", MODEL, predictions("a"))

@@ -117,7 +117,9 @@ def test_a_request_without_the_key_gets_401_and_either_key_works(keyed: ServiceS
     for key in KEYS:  # two keys at once: one can be rotated while the other works
         status, _, raw = keyed.request("POST", "/classify", body, auth(key))
         assert status == 200 and json.loads(raw)["results"][0]["label"] in ("neg", "pos")
-    for path, status in (("/model", 401), ("/metrics", 401), ("/livez", 200), ("/readyz", 200), ("/", 200)):
+    for path, status in (("/model", 401), ("/metrics", 401), ("/livez", 200), ("/readyz", 200), ("/", 200),
+                         ("/static_content/swagger-ui-bundle.js", 200),  # /docs's scripts: no key from a browser
+                         ("/static_content/../model", 401)):
         assert keyed.request("GET", path)[0] == status, path
     assert keyed.request("GET", "/metrics", headers=auth(KEYS[1]))[0] == 200
     assert "Traceback" not in keyed.log()

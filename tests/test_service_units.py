@@ -355,3 +355,25 @@ def test_a_request_mixes_texts_and_documents_with_ids():
     request = validate_classify_body(b'{"documents": ["A fine film.", {"id": "r-2", "text": "Dull."}]}')
     assert isinstance(request, ClassifyRequest)
     assert request.documents == ["A fine film.", Document(id="r-2", text="Dull.")]
+
+
+def test_switches_store_urls_and_retention_are_read_alike_or_refused_at_start() -> None:
+    """HAN_METRICS_OPEN=true read as off (a scraper then got 401) while HAN_LOG=true was on; a mysql:// store
+    started and answered 503 for good; a retention past year 1 crashed the workers' writer."""
+    from service.settings import Settings
+
+    on = Settings.read({"HAN_METRICS_OPEN": "true", "HAN_ACCESS_LOG": "on", "HAN_ALLOW_ANONYMOUS": "yes"})
+    assert on.metrics_open and on.access_log and on.allow_anonymous
+    off = Settings.read({"HAN_METRICS_OPEN": "0", "HAN_ACCESS_LOG": "no"})
+    assert not off.metrics_open and not off.access_log and not off.allow_anonymous
+    with pytest.raises(ValueError, match="HAN_METRICS_OPEN"):
+        Settings.read({"HAN_METRICS_OPEN": "2"})
+    for url in ("sqlite:///tmp/fb.db", "postgresql://u:pw@db:5432/han", "/tmp/fb.sqlite3", "~/fb.sqlite3"):
+        assert Settings.read({"HAN_FEEDBACK_STORE": url}).feedback_store == url
+    for url in ("mysql://u:secret@db/x", "sqlite://"):
+        with pytest.raises(ValueError, match="HAN_FEEDBACK_STORE must be a file path") as refused:
+            Settings.read({"HAN_FEEDBACK_STORE": url})
+        assert "secret" not in str(refused.value)
+    assert Settings.read({"HAN_FEEDBACK_RETENTION_DAYS": "36500"}).feedback_retention_days == 36500
+    with pytest.raises(ValueError, match="HAN_FEEDBACK_RETENTION_DAYS must be at most 36500 days"):
+        Settings.read({"HAN_FEEDBACK_RETENTION_DAYS": "1000000"})
