@@ -43,8 +43,25 @@ def default_model_tag() -> str:
     return model_tag_from_env() or DEFAULT_MODEL_TAG
 
 
+def model_name(name: str) -> str:
+    """``name`` as the store keeps it (lowercase, as BentoML does: the production pointer is looked up
+    under it, and ``Han-Demo`` once found none and set production back to the first version); ValueError,
+    naming ``export.name``, for a version in it or a name BentoML refuses."""
+    if ":" in name:
+        raise ValueError(f"export.name {name!r}: a model's name, without a version (the store gives each "
+                         "fit its own; `han-model promote` makes one production)")
+    from bentoml._internal.tag import validate_tag_str
+
+    try:
+        validate_tag_str(name.lower())
+    except ValueError as e:
+        raise ValueError(f"export.name {name!r}: {str(e).split(': ', 1)[-1]}") from None
+    return name.lower()
+
+
 def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = None) -> str:
     """Save ``saved`` into the BentoML model store under ``name``; returns the new tag ``name:version``."""
+    name = model_name(name)
     meta = {**saved.metadata, **(metadata or {})}
     saved.metadata = meta
     labels = {"task": "multi-label" if saved.config.multi_label else "single-label"}

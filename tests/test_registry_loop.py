@@ -334,3 +334,23 @@ def test_promote_refuses_a_challenger_worse_on_the_shadow_feedback(tmp_path: Pat
     assert "the window's versions have different labels (" in exported.stderr, exported.stderr
     assert f"{champion}: neg, pos" in exported.stderr and f"{other}: bad, good" in exported.stderr
     assert json.loads((home / "deployments" / NAME / "production.json").read_text())["tag"] == champion
+
+
+def test_a_name_is_registered_as_the_store_keeps_it(home: Path, tiny_model_dir: Path) -> None:
+    """BentoML lowercases a name: a fit exported as Han-Loop found no pointer under that spelling and set
+    production back to the name's first version; a name with a version (han-loop:v2) became production
+    without promotion. Names are lowercased, and a version in one is refused."""
+    import model_store
+    from han import SavedModel
+    from model_store.production import locked, set_pointer
+
+    saved = SavedModel.load(tiny_model_dir)
+    first = model_store.register(saved, NAME)
+    second = model_store.register(saved, NAME)
+    with locked(NAME):
+        set_pointer(second, "promote")
+    third = model_store.register(saved, NAME.title())
+    assert third.startswith(f"{NAME}:") and model_store.production_version(NAME) == second != first
+    with pytest.raises(ValueError, match="export.name 'han-loop:v9': a model's name, without a version"):
+        model_store.register(saved, f"{NAME}:v9")
+    assert model_store.production_version(NAME) == second

@@ -111,6 +111,10 @@ class ExportModel(pl.Callback):
             except ModelNotFoundError as e:
                 raise ValueError(f"export.compare_with: {e}") from None
         self.compare_with = compare_with
+        if name is not None:  # a version in it, or a name the store refuses, stops the run now, not after the fit
+            from model_store import model_name
+
+            name = model_name(name)
         self.name = name
         self.register = register
         self.output_dir = output_dir
