@@ -50,12 +50,11 @@ def model_name(name: str) -> str:
     if ":" in name:
         raise ValueError(f"export.name {name!r}: a model's name, without a version (the store gives each "
                          "fit its own; `han-model promote` makes one production)")
-    from bentoml._internal.tag import validate_tag_str
+    import re
 
-    try:
-        validate_tag_str(name.lower())
-    except ValueError as e:
-        raise ValueError(f"export.name {name!r}: {str(e).split(': ', 1)[-1]}") from None
+    if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-._a-z0-9]*[a-z0-9])?", name.lower()):  # BentoML's rule
+        raise ValueError(f"export.name {name!r}: a model's name is at most 63 letters, digits, '-', '_' or '.', "
+                         "and starts and ends with a letter or digit")
     return name.lower()
 
 

@@ -209,6 +209,22 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path, cap
     assert [line["row"] for line in again] == [k for k in range(len(gaps)) if k not in (1, 2)]
     assert [line["scores"] for line in again] == [lines[line["row"]]["scores"] for line in again]
     assert "test: row(s) 1, 2 have no word and were left out" in caplog.text
+    # a training file grown since the fit (a labelling round): the vocabulary built again from it has other
+    # words at the checkpoint's ids; it scored silently wrong (0.44 where the fit had 0.91)
+    grown = tmp_path / "grown.jsonl"
+    grown.write_text(REVIEWS.read_text() + "".join(json.dumps({"text": f"Zyzzyva quokka xylophone number {k}.",
+                                                                 "label": "pos"}) + "\n" for k in range(6)))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.train", str(grown),
+              "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
+    assert exit_info.value.code == 2
+    assert "the checkpoint's fit read other data" in capsys.readouterr().err
+    # predict --model.init_from: the stored model's weights (an untrained network before, at chance)
+    (root / "predictions" / "test.jsonl").unlink()
+    main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.train", str(grown),
+          "--data.cache_dir", str(tmp_path / "cache"), "--model.init_from", str(root / "model")])
+    warm = rows(root / "predictions" / "test.jsonl")
+    assert sum(line["label"] == t for line, t in zip(warm, truth, strict=True)) >= 0.9 * len(truth)
 
 
 def test_a_fit_run_again_into_its_folder_replaces_last_ckpt(tmp_path: Path) -> None:

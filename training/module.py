@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, EarlyStopping, Timer
+from pytorch_lightning.callbacks import Callback, EarlyStopping
 from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
@@ -26,7 +24,8 @@ from han.results import DocumentError, DocumentResult
 from training import adversarial
 from training.attention_losses import sentence_entropy, sentence_evidence
 from training.callbacks import EMA
-from training.pretrain import pretrain_word_encoder
+from training.checkpoint_data import check_same_data, data_fingerprint
+from training.pretrain import pretrain_in_budget
 from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
 from training.word_vectors import AUTO, BUILD, word_vectors
@@ -35,7 +34,6 @@ from training.word_vectors import AUTO, BUILD, word_vectors
 # smoothly where accuracy moves by whole documents.
 PLATEAU_MONITOR = "val/loss"
 LR_HALVINGS = 4  # the plateau schedule stops at 1/16 of the peak rate
-PRETRAIN_BUDGET = 0.25  # of trainer.max_time, at most, for pre-training the word encoder
 # A lower validation loss counts only when it is this share below the best: an average of the weights
 # lowers it by thousandths an epoch long after accuracy has stopped moving.
 RELATIVE_GAIN = 0.005
@@ -212,7 +210,14 @@ class HANModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         # Before a checkpoint is restored (so --ckpt_path still wins), once the data's vocabulary exists:
         # vectors first, then a stored model's words and encoders over them.
-        if stage != "fit" or self._initialised:
+        if self._initialised:
+            return
+        if stage != "fit":  # test, validate or predict --model.init_from: the stored model's weights, by word
+            if self._stored is not None:
+                self._initialised = True
+                data = self.trainer.datamodule
+                rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
+                self._stored = None
             return
         hp = self.hparams
         needed = ["freeze_embeddings", *(["warmup_steps", "patience"] if hp.scheduler == "plateau" else []),
@@ -235,26 +240,18 @@ class HANModule(pl.LightningModule):
             rank_zero_info(warm_start(self.net, self._stored, data.vocab, list(data.label_names)))
             self._stored = None
         elif self.hparams.pretrain_epochs:
-            self._pretrain(data)
+            pretrain_in_budget(self.net, data, self.hparams.pretrain_epochs, self.trainer)
 
-    def _pretrain(self, data: Any) -> None:
-        """The word encoder pre-trained within the fit's time budget: a quarter of ``trainer.max_time`` at
-        most, and the time it takes is the fit's (Lightning's Timer starts later, at the first epoch)."""
-        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
-        budget = timer.time_remaining() if timer is not None else None
-        started = time.monotonic()
-        deadline = started + PRETRAIN_BUDGET * budget if budget is not None else None
-        pretrain_word_encoder(self.net, data, self.hparams.pretrain_epochs, Path(data.hparams.cache_dir), deadline)
-        if timer is not None:
-            timer._offset += time.monotonic() - started  # Lightning's elapsed time (a resumed fit restores it)
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # What the word ids and label indices mean: test/predict rebuild the vocabulary from the data given
+        # then, and one built from a grown training file has other words at the same ids.
+        if (fingerprint := data_fingerprint(getattr(self.trainer, "datamodule", None))) is not None:
+            checkpoint["han_data"] = fingerprint
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint from before sentence_values existed was trained "contextual"; with equal hidden
         # sizes its head would also fit an "own" network, and load silently into the wrong one.
-        stored = checkpoint.get("hyper_parameters", {}).get("sentence_values", "contextual")
-        if stored != self.net.config.sentence_values:
-            raise ValueError(f"the checkpoint was trained with model.sentence_values={stored}, this run has "
-                             f"{self.net.config.sentence_values} (set --model.sentence_values {stored})")
+        check_same_data(checkpoint, getattr(self.trainer, "datamodule", None), self.net.config.sentence_values)
 
     def on_train_epoch_start(self) -> None:
         released = self.current_epoch >= self.hparams.freeze_embeddings

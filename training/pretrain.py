@@ -150,3 +150,20 @@ def pretrain_word_encoder(net: HAN, data: Any, epochs: int, cache_dir: Path, dea
     if not stopped:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in rnn.state_dict().items()}, str(path))
+
+
+PRETRAIN_BUDGET = 0.25  # of trainer.max_time, at most, for pre-training the word encoder
+
+
+def pretrain_in_budget(net: Any, data: Any, epochs: int, trainer: Any) -> None:
+    """The word encoder pre-trained within the fit's time budget: a quarter of ``trainer.max_time`` at
+    most, and the time it takes is the fit's (Lightning's Timer starts later, at the first epoch)."""
+    from pytorch_lightning.callbacks import Timer
+
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    budget = timer.time_remaining() if timer is not None else None
+    started = time.monotonic()
+    deadline = started + PRETRAIN_BUDGET * budget if budget is not None else None
+    pretrain_word_encoder(net, data, epochs, Path(data.hparams.cache_dir), deadline)
+    if timer is not None:
+        timer._offset += time.monotonic() - started  # Lightning's elapsed time (a resumed fit restores it)
