@@ -184,6 +184,16 @@ def test_the_test_split_is_read_without_tokens_as_tokenising_would_keep_it(tmp_p
     assert module.texts("test") == read[0] and module.splits["test"].targets.tolist() == read[1]
     assert sum(len(batch[1]) for batch in loader) == 4
 
+    # past the first 2000 rows, rows are the file's: a row without a word before them shifted every later
+    # row's number (the row column predict writes, and the rows errors name)
+    many = ["   " if k in (1, 2) else "good" for k in range(2500)]
+    pq.write_table(pa.table({"text": many, "label": ["pos"] * 2500}), tmp_path / "many.parquet")
+    rows = module._texts("test", str(tmp_path / "many.parquet"), None)["row"]
+    assert rows[:2] == [0, 3] and rows[-1] == 2499 and len(rows) == 2498
+    pq.write_table(pa.table({"text": ["good"] * 2500, "label": ["pos"] * 2499 + [None]}), tmp_path / "last.parquet")
+    with pytest.raises(DataError, match="row 2499: a label must be a string or an integer, not None"):
+        module._texts("test", str(tmp_path / "last.parquet"), None)
+
     pq.write_table(pa.table({"text": ["good", "fine"], "label": ["pos", "meh"]}), tmp_path / "other.parquet")
     other = HANDataModule(train=str(tmp_path / "train.parquet"), test=str(tmp_path / "other.parquet"),
                           cache_dir=str(tmp_path / "cache"))

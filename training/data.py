@@ -301,13 +301,15 @@ class HANDataModule(pl.LightningDataModule):
         hp = self.hparams
         raw = self._raw(split, source, limit, labelled=True)
         kept: dict[str, list] = {"text": [], "target": [], "row": []}
+        start = 0  # the file's row of the batch's first (rows without a word are skipped, not renumbered)
         for rows in raw.iter(batch_size=2000):
-            start = len(kept["text"])
-            for i, (text, label) in enumerate(zip(rows[hp.text_column], rows[hp.label_column], strict=True)):
-                if has_words(tokenise.require_text(text, start + i, split, source), hp.max_chars):
+            texts = rows[hp.text_column]
+            for i, (text, label) in enumerate(zip(texts, rows[hp.label_column], strict=True), start):
+                if has_words(tokenise.require_text(text, i, split, source), hp.max_chars):
                     kept["text"].append(text)
-                    kept["target"].append(tokenise.label_strings(label, self.multi_label, split, source))
-                    kept["row"].append(start + i)
+                    kept["target"].append(tokenise.label_strings(label, self.multi_label, split, source, i))
+                    kept["row"].append(i)
+            start += len(texts)
         if not kept["text"]:
             raise DataError(f"{split} ({source}): no non-empty documents")
         return datasets.Dataset.from_dict(kept)

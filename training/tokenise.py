@@ -48,7 +48,7 @@ def tokenise_batch(
             continue
         kept.append(segment.text)
         keys.append(segment.token_keys)
-        targets.append(label_strings(label, multi_label, split, source) if label_column else [])
+        targets.append(label_strings(label, multi_label, split, source, i) if label_column else [])
         rows.append(i)
     return {"text": kept, "keys": keys, "target": targets, "row": rows}
 
@@ -60,11 +60,12 @@ def require_text(text: Any, row: int, split: str, source: str) -> str:
     return text
 
 
-def label_strings(label: Any, multi_label: bool, split: str, source: str) -> list[str]:
+def label_strings(label: Any, multi_label: bool, split: str, source: str, row: int | None = None) -> list[str]:
+    where = f"{split} ({source})" + ("" if row is None else f" row {row}")
     if multi_label:
         if not isinstance(label, (list, tuple)):
-            raise DataError(f"{split} ({source}): multi_label is set but a label is {type(label).__name__}, not a list")
+            raise DataError(f"{where}: multi_label is set but the label is {type(label).__name__}, not a list")
         return [str(x) for x in label]
     if label is None or isinstance(label, (list, tuple, dict)):
-        raise DataError(f"{split} ({source}): a label must be a string or an integer, not {label!r}")
+        raise DataError(f"{where}: a label must be a string or an integer, not {label!r}")
     return [str(label)]
