@@ -93,6 +93,13 @@ def test_unreadable_sources_name_the_problem(tmp_path) -> None:
     (tmp_path / "ragged.csv").write_text("text,label\ngood,pos\nbad,neg,extra,more\n")  # the parser's own words
     with pytest.raises(DataError, match=r"ragged.csv: cannot be read as csv \(.*Expected 2 fields in line 3, saw 4"):
         load_source(str(tmp_path / "ragged.csv"))
+    # a bad line past Arrow's first block: named by its line in the file (Arrow counted rows in its block)
+    good = "".join(f'{{"text": "review {i} was fine", "label": "pos"}}\n' for i in range(5000))
+    for name, bad, why in (("word.jsonl", '"a bare string"', "is not a JSON object"),
+                           ("cut.jsonl", '{"text": "cut sh', "is not JSON")):
+        (tmp_path / name).write_text(good + bad + "\n")
+        with pytest.raises(DataError, match=f"{name}: line 5001 {why}"):
+            load_source(str(tmp_path / name))
     (tmp_path / "header.csv").write_text("text,label\n")
     (tmp_path / "empty.jsonl").write_text("")
     for name in ("header.csv", "empty.jsonl"):

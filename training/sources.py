@@ -39,6 +39,8 @@ def load_source(source: str, csv_cells_as_text: bool = True) -> datasets.Dataset
             cause = _first_line(e)
             if "corresponds to no data" in cause or cause == "StopIteration":  # a header alone, or nothing
                 raise DataError(f"{source}: the file holds no rows") from e
+            if fmt == "json" and (line := _bad_json_line(path)):  # Arrow's row counts within its block
+                raise DataError(f"{source}: {line}") from e
             raise DataError(f"{source}: cannot be read as {fmt} ({cause})") from e
     if path.exists() or not _HUB_NAME.fullmatch(source):
         raise DataError(f"{source}: not found, or not a .parquet, .csv or .jsonl file or a folder of class folders")
@@ -82,6 +84,25 @@ def _load_folder(path: Path) -> datasets.Dataset:
     if not texts:
         raise DataError(f"{path}: no .txt files in its class folders ({', '.join(c.name for c in classes)})")
     return datasets.Dataset.from_dict({"text": texts, "label": labels})
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """The first line of a JSON Lines file that is not a JSON object, named by its line number (1-based)."""
+    import json
+
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        value = json.loads(line)
+                    except ValueError as e:
+                        return f"line {number} is not JSON ({e})"
+                    if not isinstance(value, dict):
+                        return f"line {number} is not a JSON object (a {type(value).__name__})"
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
 
 
 def _first_line(error: BaseException) -> str:
