@@ -13,7 +13,9 @@ label), in the layout of ``HANOutput``: sentence weights [docs, max_sentences] a
     occlusion              the drop in the label's probability when the sentence (or the word, made
                            unknown) is taken out; signed; batched forward passes, no gradients
 
-Except for attention, a word's weight is its share of the whole document's prediction.
+Except for attention, a word's weight is its share of the whole document's prediction. The probability
+explained is the network's own, before calibration's temperature and the n-gram head's share: the
+score shown differs from it where either applies, and so does the words' sum.
 """
 
 from __future__ import annotations

@@ -132,8 +132,14 @@ class SavedModel:
             segmenter = SegmenterConfig(**config.get("segmenter", {}))
             threshold = float(config.get("threshold", 0.5))
             temperature = float(config.get("temperature", 1.0))  # models saved before calibration: 1
-            if not temperature > 0:
-                raise ValueError(f"temperature must be positive, not {temperature}")
+            if not 0 < temperature < float("inf"):
+                raise ValueError(f"temperature must be positive and finite, not {temperature}")
+            if not 0 < threshold < 1:
+                raise ValueError(f"threshold must be between 0 and 1, not {threshold}")
+            for cap in ("max_sentences", "max_words", "max_chars"):  # a document's caps: every call divides by them
+                value = getattr(segmenter, cap)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ValueError(f"segmenter.{cap} must be a whole number of at least 1, not {value!r}")
         except (KeyError, TypeError, ValueError) as e:
             raise ModelDirectoryError(f"{directory / CONFIG_FILE}: invalid model config ({e})") from e
         try:  # a tokenizer package missing: one line, before any document
@@ -142,6 +148,8 @@ class SavedModel:
             raise ModelDirectoryError(f"{directory}: {e}") from None
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
             raise ModelDirectoryError(f"{directory / LABELS_FILE}: expected a non-empty JSON list of label names")
+        if len(set(labels)) != len(labels):  # scores are a dict by label: a repeated one would hide another
+            raise ModelDirectoryError(f"{directory / LABELS_FILE}: a label is named twice")
         if len(labels) != model_config.num_labels:
             raise ModelDirectoryError(
                 f"{directory / LABELS_FILE}: {len(labels)} labels but the model has {model_config.num_labels} outputs"
@@ -161,7 +169,7 @@ class SavedModel:
         try:
             weights = load_file(str(weights_path))
             check_weights(model_config, weights)
-        except (SafetensorError, ValueError, OSError) as e:
+        except (SafetensorError, ValueError, TypeError, OSError) as e:  # TypeError: a dtype numpy lacks (bf16)
             raise ModelDirectoryError(f"{weights_path}: unreadable or mismatched weights ({e})") from e
         ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels), model_config.multi_label)
         return cls(None, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams,
@@ -187,7 +195,7 @@ def _ngram_head(directory: Path, entry: Any, labels: int, multi_label: bool) -> 
     _require(path)
     try:
         head = NgramHead.load(directory, float(entry["han_share"]), multi_label)
-    except (SafetensorError, KeyError, TypeError, ValueError, OSError) as e:
+    except (SafetensorError, KeyError, TypeError, ValueError, IndexError, OSError) as e:
         raise ModelDirectoryError(f"{path}: unreadable n-gram head ({e})") from e
     if head.coef.shape[0] != labels:
         raise ModelDirectoryError(f"{path}: {head.coef.shape[0]} labels but the model has {labels}")

@@ -132,6 +132,12 @@ def test_the_head_survives_saving_with_the_model(tmp_path: Path, tiny_model_dir:
         assert weights == sorted(weights, reverse=True) and weights[0] > 0
     assert Pipeline(loaded)(texts[:1])[0].top_ngrams is None  # no explanation asked: none
     assert Pipeline(SavedModel.load(tiny_model_dir))(texts[:1], explain=True)[0].top_ngrams is None  # no head
+    from safetensors.numpy import load_file, save_file
+
+    arrays = load_file(str(tmp_path / "model" / NgramHead.FILE))
+    save_file({**arrays, "buckets": np.zeros(0, dtype=np.int64)}, str(tmp_path / "model" / NgramHead.FILE))
+    with pytest.raises(ModelDirectoryError, match="ngram_head.safetensors: unreadable n-gram head"):
+        SavedModel.load(tmp_path / "model")  # an empty buckets entry: an IndexError traceback before
     (tmp_path / "model" / NgramHead.FILE).unlink()
     with pytest.raises(ModelDirectoryError, match="ngram_head.safetensors: missing"):
         SavedModel.load(tmp_path / "model")

@@ -86,3 +86,37 @@ def test_a_model_directory_written_before_the_pipeline_still_loads_and_scores_th
         assert [s.weight for s in result.sentences] == pytest.approx(then["sentence_weights"], abs=1e-6)
         for sentence, weights in zip(result.sentences, then["word_weights"], strict=True):
             assert [w.weight for w in sentence.words] == pytest.approx(weights, abs=1e-6)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"segmenter": {"max_words": 0}}, "segmenter.max_words must be a whole number of at least 1, not 0"),
+    ({"segmenter": {"max_chars": "100000"}}, "segmenter.max_chars must be a whole number of at least 1"),
+    ({"threshold": 2}, "threshold must be between 0 and 1, not 2.0"),
+    ({"temperature": "inf"}, "temperature must be positive and finite, not inf"),
+])
+def test_values_every_call_would_fail_on_are_refused_at_load(tiny_model_dir: Path, tmp_path: Path, change: dict,
+                                                             message: str) -> None:
+    """They loaded, then every document raised (ZeroDivisionError, TypeError) or got no label / a score of
+    0.5: a model directory edited by hand, or written by another tool."""
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    config = json.loads((broken / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelDirectoryError, match=f"config.json: invalid model config \\({message}"):
+        SavedModel.load(broken)
+
+
+def test_repeated_labels_and_a_tensor_numpy_cannot_read_are_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    (broken / "labels.json").write_text('["pos", "pos"]')  # scores are a dict by label: one would vanish
+    with pytest.raises(ModelDirectoryError, match="labels.json: a label is named twice"):
+        SavedModel.load(broken)
+    shutil.copy(tiny_model_dir / "labels.json", broken / "labels.json")
+    weights = load_file(str(broken / "model.safetensors"))
+    weights[next(iter(weights))] = next(iter(weights.values())).to(torch.bfloat16)  # a bf16 export
+    save_file(weights, str(broken / "model.safetensors"))
+    with pytest.raises(ModelDirectoryError, match="model.safetensors: unreadable or mismatched weights"):
+        SavedModel.load(broken)
