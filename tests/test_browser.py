@@ -235,3 +235,98 @@ def test_label_names_are_shown_as_text_never_as_markup(request, page: Page, tmp_
         assert page.evaluate("window.__pwned") is None
     finally:
         hostile.stop()
+
+
+# A slow network for answers explained by occlusion: the page's fetch waits 1.5 s before handing one back;
+# window.__answered counts the /classify calls that have come back (or failed, cancelled).
+SLOW_OCCLUSION = """(() => {
+  const real = window.fetch;
+  window.__answered = 0;
+  window.fetch = async (url, options) => {
+    try {
+      const response = await real(url, options);
+      if (String(url).includes('/classify') && options && String(options.body).includes('"occlusion"')) {
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+      }
+      return response;
+    } finally {
+      if (String(url).includes('/classify')) window.__answered += 1;
+    }
+  };
+})();"""
+
+
+def test_only_the_latest_request_is_shown_and_an_error_hides_the_old_result(server, page: Page):
+    """A slow answer never overwrites a later one (the method switched to occlusion and straight back),
+    Clear cancels the request under way, and a failed classification hides the previous text's result."""
+    page.add_init_script(SLOW_OCCLUSION)
+    dom = classify_on_page(page, server, REVIEW)
+    assert dom["state"] == "done" and dom["method"] == "attention"
+    page.evaluate("document.body.dataset.state = ''")
+    page.select_option("#method", "occlusion")  # a request on its way, answered late
+    page.select_option("#method", "attention")
+    page.wait_for_function("document.body.dataset.state === 'done' && window.__answered >= 3")
+    page.wait_for_timeout(300)  # what a late answer would render, rendered
+    dom = page.evaluate(DOM)
+    assert dom["method"] == "attention" and page.input_value("#method") == "attention"
+    assert "occlusion" not in page.inner_text("#explain-title").lower()
+
+    page.select_option("#method", "occlusion")  # a request on its way ...
+    page.click("#clear")  # ... cancelled
+    page.wait_for_function("window.__answered >= 4")
+    page.wait_for_timeout(300)
+    assert page.is_hidden("#result") and page.is_hidden("#explain-card")
+    assert page.input_value("#document") == "" and page.is_enabled("#classify")
+
+    page.select_option("#method", "attention")
+    page.fill("#document", REVIEW)
+    page.click("#classify")
+    page.wait_for_function("document.body.dataset.state === 'done' && !document.getElementById('result').hidden")
+    page.fill("#document", "   ")
+    page.click("#classify")
+    page.wait_for_function("document.body.dataset.state === 'error'")
+    assert page.is_hidden("#result") and page.is_hidden("#explain-card")
+    assert "empty" in page.inner_text("#error")
+
+
+def test_a_multi_label_model_names_no_label_when_none_passes_its_threshold(request, page: Page, tmp_path):
+    """The headline is "none", not the top-scoring label, when a multi-label model predicts no label."""
+    from tests.tiny_model import train_tiny_model
+
+    saved, _ = train_tiny_model(multi_label=True)
+    saved.threshold = 0.99999  # no label passes (the tiny model is sure of itself: 0.9998 at most here)
+    multi = ServiceServer.start(saved.save(tmp_path / "multi"))
+    try:
+        status, body = multi.post_json("/classify", {"documents": [REVIEW], "explain": False})
+        assert status == 200 and body["results"][0]["labels"] == []
+        shown = classify_on_page(page, multi, REVIEW)
+        assert shown["state"] == "done" and shown["label"] == "none"
+        assert page.inner_text("#labels") == "no label over the threshold"
+        assert not any(chosen for _, _, chosen in shown["scores"])
+    finally:
+        multi.stop()
+
+
+def test_the_dashboard_draws_accuracy_below_half_inside_its_chart(server, page: Page):
+    """Realised accuracy far below 50% (forty answers judged wrong) lies inside the accuracy chart, not
+    clipped below it; the key field submits with Enter."""
+    texts = [f"Dull and far too long, part {i}." for i in range(40)]
+    status, body = server.post_json("/classify", {"documents": texts, "explain": False})
+    assert status == 200
+    wrong = [{"id": r["id"], "label": next(k for k in r["scores"] if k != r["label"])} for r in body["results"]]
+    assert server.post_json("/feedback", {"feedback": wrong})[0] == 200
+    status, report = server.get_json("/monitor?since=1h")
+    version = next(v for v in report["versions"] if v["model"] == body["model"])
+    assert min(p["accuracy"] for p in version["series"] if p["accuracy"] is not None) < 0.5
+    page.goto(server.url + "/dashboard")
+    page.wait_for_function("document.body.dataset.state")
+    page.evaluate("document.body.dataset.state = ''")
+    page.press("#key", "Enter")  # the form submits: the report is read again
+    page.wait_for_function("document.body.dataset.state === 'done'")
+    card = f'section[data-model="{body["model"]}"]'
+    points = page.evaluate(f"""(() => {{
+      const svg = document.querySelector('{card} svg');
+      const height = svg.viewBox.baseVal.height;
+      return [...svg.querySelectorAll('circle[fill="var(--realised)"]')].map((c) => [c.cy.baseVal.value, height]);
+    }})()""")
+    assert points and all(0 <= y <= height for y, height in points), points

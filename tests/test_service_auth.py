@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 KEYS = ["key-one-0123456789abcdef", "key-two-fedcba9876543210"]
 PRIVATE = "/home/ana/private/reviews-2026.csv"  # a path of the training machine, in the model's metadata
 DOCUMENT = "A wonderful film. The acting was superb."
+MONITOR_KEY = "monitor-only-key-0123456789"  # the keyed server's third key, limited to the monitor
 
 
 # -- units: where the keys come from, when exposure is refused, what GET /model hides ---------------
@@ -95,11 +96,14 @@ def keyed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     tmp = tmp_path_factory.mktemp("keyed")
     saved = SavedModel.load(tiny_model_dir_quickly(request))
     saved.metadata.update(train_data=PRIVATE, config={"data": {"train": PRIVATE}})
-    (keys := tmp / "keys").write_text("\n".join(KEYS) + "\n")
+    (keys := tmp / "keys").write_text(KEYS_TEXT)
     server = ServiceServer.start(saved.save(tmp / "model"), env={"HAN_API_KEYS_FILE": str(keys), "HAN_ACCESS_LOG": "1"})
     server.extra["keys_file"] = keys
     request.addfinalizer(server.stop)
     return server
+
+
+KEYS_TEXT = "\n".join(KEYS) + f"\n{MONITOR_KEY} monitor\n"
 
 
 def auth(key: str) -> dict[str, str]:
@@ -151,7 +155,7 @@ def test_a_key_limited_to_classifying_cannot_write_feedback(keyed: ServiceServer
         assert status == 404 and json.loads(raw)["unknown"] == ["no-such-id"]
         assert keyed.request("GET", "/monitor", headers=auth(KEYS[0]))[0] == 200
     finally:
-        keys_file.write_text("\n".join(KEYS) + "\n")
+        keys_file.write_text(KEYS_TEXT)
     with pytest.raises(KeysError, match="unknown scope 'admin'"):
         load_keys(Settings.read({"HAN_API_KEYS": f"{KEYS[0]} admin"}))
 
@@ -341,6 +345,40 @@ def test_the_page_asks_for_the_key_and_keeps_it_in_the_tab(keyed: ServiceServer,
     assert page.evaluate("document.body.dataset.state") == "done"
 
 
+def test_the_page_asks_again_for_a_key_it_may_not_use_or_cannot_send(keyed: ServiceServer, page) -> None:
+    """The dashboard and the classify page share the tab's key. One limited to the monitor, entered on the
+    dashboard (Enter submits), is refused on the classify page with a 403, which shows the key form with
+    the reason; a key a header cannot carry (an en dash pasted with it) is refused as it is entered; once a
+    usable key is in, the refused classification runs again by itself, and the model's JSON opens with it."""
+    page.goto(keyed.url + "/dashboard")
+    page.wait_for_function("document.body.dataset.state")
+    page.fill("#key", MONITOR_KEY)
+    page.evaluate("document.body.dataset.state = ''")
+    page.press("#key", "Enter")
+    page.wait_for_function("document.body.dataset.state === 'done'")
+    page.goto(keyed.url + "/")
+    page.wait_for_selector("#key-card:not([hidden])")
+    assert "limited to: monitor" in page.inner_text("#key-status")
+    page.fill("#document", DOCUMENT)
+    page.click("#classify")
+    page.wait_for_function("document.body.dataset.state === 'error'")
+    assert page.is_visible("#key-card") and page.is_hidden("#result")
+    page.fill("#api-key", "key\u2013with-an-en-dash-0123456789")
+    page.click("#key-form button")
+    assert "cannot send" in page.inner_text("#key-status")
+    assert page.evaluate("sessionStorage.getItem('han-api-key')") == MONITOR_KEY
+    page.fill("#api-key", KEYS[0])
+    page.click("#key-form button")
+    page.wait_for_function("document.body.dataset.state === 'done'")
+    assert page.is_hidden("#key-card") and page.inner_text("#label") and page.inner_text("#error") == ""
+    with page.context.expect_page() as opened:
+        page.click("#model-json")
+    model = opened.value
+    model.wait_for_load_state()
+    assert json.loads(model.inner_text("body"))["tag"] == page.get_attribute("#model-info", "data-tag")
+    model.close()
+
+
 def test_a_key_rotates_in_the_keys_file_without_a_restart(keyed: ServiceServer) -> None:
     """The file is read again when it changes: the new key works and the removed one is refused within
     5 s, in every worker, while the key kept in the file is never refused; a file left empty mid-rotation
@@ -376,5 +414,5 @@ def test_a_key_rotates_in_the_keys_file_without_a_restart(keyed: ServiceServer) 
         assert "the keys read before stay in use" in keyed.log()
         assert keyed.process.poll() is None and keyed.process.pid == pid  # no restart
     finally:
-        keys_file.write_text("\n".join(KEYS) + "\n")
+        keys_file.write_text(KEYS_TEXT)
         time.sleep(1.5)
