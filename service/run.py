@@ -3,9 +3,10 @@
     python -m service.run [--host 127.0.0.1] [--port 3000] [--tag han-imdb:production] [--allow-anonymous]
                           [--ssl-certfile cert.pem --ssl-keyfile key.pem]
 
-The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:production``; only that default is
-trained here when missing (``data/configs/imdb_quick.yaml``, a few minutes), another missing tag is an
-error. Beyond loopback it needs API keys (service/auth.py) or ``--allow-anonymous``.
+The model is ``--tag``, else ``$HAN_MODEL_TAG``, else ``han-imdb:production``; when the store has no
+``han-imdb`` at all, it is trained here first (``data/configs/imdb_quick.yaml``, a few minutes); any other
+missing model (another name, a version, a production pointer naming a deleted version) is an error.
+Beyond loopback it needs API keys (service/auth.py) or ``--allow-anonymous``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -20,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from han.environment import apply_defaults
-from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, default_model_tag, model_path
-from model_store.production import MODEL_TAG_ENV
+from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, default_model_tag, first_version, resolve_tag
+from model_store.production import MODEL_TAG_ENV, follows_pointer, production_tag, split_tag
 from service.auth import KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
 from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
@@ -29,10 +31,20 @@ from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
 
 
+def port_number(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 1 to 65535, not {value!r}")
+    return port
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m service.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=3000, help="port (default 3000)")
+    parser.add_argument("--port", type=port_number, default=3000, help="port (default 3000)")
     parser.add_argument("--tag", default=None, help=f"model to serve (default ${MODEL_TAG_ENV} or {DEFAULT_MODEL_TAG})")
     parser.add_argument("--allow-anonymous", action="store_true",
                         help=f"serve on a non-loopback --host without API keys (${KEYS_FILE_ENV} / ${KEYS_ENV})")
@@ -47,12 +59,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def has_model(tag: str) -> bool:
+def missing_model(tag: str) -> str | None:
+    """Why the store cannot serve ``tag`` (None: it can)."""
     try:
-        model_path(tag)
-    except ModelNotFoundError:
-        return False
-    return True
+        resolve_tag(tag)
+    except ModelNotFoundError as e:
+        name = split_tag(tag)[0]
+        pointed = production_tag(name) if follows_pointer(tag) else None
+        if pointed is not None:
+            return (f"{name}'s production pointer names {pointed}, which is not in the model store: promote "
+                    f"a stored version (`han-model status {name}`, `han-model promote {name}:VERSION`)")
+        return str(e)
+    return None
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on ``host``:``port`` (another server, an earlier ``make run``)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror:
+        return False  # the server names the bad address itself
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no clash
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def train_default_model() -> None:
@@ -64,6 +97,8 @@ def train_default_model() -> None:
     print(f"  $ {' '.join(command)}", flush=True)
     try:
         subprocess.run(command, cwd=REPO, check=True)
+    except KeyboardInterrupt:  # han-train has said "interrupted" itself
+        sys.exit(130)
     except FileNotFoundError:
         sys.exit("han-train is not installed: run `make install` (or `pip install -e .`) first")
     except subprocess.CalledProcessError as e:
@@ -78,12 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     except (KeysError, ValueError) as e:
         sys.exit(f"error: {e}")
     tag = args.tag or default_model_tag()
-    if not has_model(tag):
-        if tag.split(":")[0] != DEFAULT_MODEL_TAG.split(":")[0]:
-            sys.exit(f"no model {tag!r} in the BentoML model store (see `bentoml models list`)")
-        train_default_model()
-        if not has_model(tag):
-            sys.exit(f"training finished but the model store still has no {tag!r}")
+    if Path(tag).is_dir():
+        sys.exit(f"error: {tag} is a model directory; the service serves a model of the BentoML model store by "
+                 "its tag (han-train fit registers each model it trains; han-score and han-label take a directory)")
+    if port_taken(args.host, args.port):
+        sys.exit(f"error: port {args.port} on {args.host} is in use (another server, or a `make run` still "
+                 "running?): stop it or pass --port")
+    if (why := missing_model(tag)) is not None:
+        name = split_tag(tag)[0]
+        first_run = (split_tag(tag)[1] in (None, "production", "latest") and first_version(name) is None
+                     and production_tag(name) is None)  # a pointer at a deleted version is no first run
+        if name != split_tag(DEFAULT_MODEL_TAG)[0] or not first_run:
+            sys.exit(f"error: {why}")
+        train_default_model()  # the store has no han-imdb at all: the first `make run`
+        if (why := missing_model(tag)) is not None:
+            sys.exit(f"error: training finished but {why}")
 
     host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     scheme = "https" if args.ssl_certfile else "http"

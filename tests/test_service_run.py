@@ -58,4 +58,46 @@ def test_run_refuses_a_missing_model_it_cannot_train(tmp_path):
         [sys.executable, "-m", "service.run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0
-    assert "no model 'no-such-model:latest'" in done.stderr
+    assert done.stderr.strip() == ("error: no BentoML model named 'no-such-model:latest' (train one with "
+                                   "`han-train fit`, or see `bentoml models list`)")
+
+
+def run_fails(env: dict[str, str], *args: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "service.run", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "training" not in done.stdout.lower(), done.stdout + done.stderr
+    return done.returncode, done.stderr.strip()
+
+
+def test_run_trains_only_a_store_without_the_default_model_and_names_what_is_missing(request, tmp_path):
+    """The first `make run` trains han-imdb; once the store holds han-imdb, a missing version, or a production
+    pointer naming a deleted version, is one line and no training; so are a model directory (the service
+    serves by tag), a port out of range and a port something already listens on."""
+    import socket
+
+    from tests.service_server import register_model
+
+    home = tmp_path / "store"
+    model_dir = tiny_model_dir_quickly(request)
+    tag = register_model(model_dir, home, name="han-imdb")  # the default name: production points at it
+    env = base_env(home)
+    env.pop("HAN_MODEL_TAG", None)
+    code, err = run_fails({**env, "HAN_MODEL_TAG": "han-imdb:nope"})
+    assert code == 1 and err.startswith("error: no BentoML model named 'han-imdb:nope'"), err
+    code, err = run_fails(env, "--tag", str(model_dir))
+    assert code == 1 and err.startswith(f"error: {model_dir} is a model directory;"), err
+    code, err = run_fails(env, "--port", "99999")
+    assert code == 2 and "a port is a number from 1 to 65535, not '99999'" in err, err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = run_fails(env, "--port", str(port))
+    assert code == 1 and err.startswith(f"error: port {port} on 127.0.0.1 is in use"), err
+    deleted = subprocess.run([sys.executable, "-m", "bentoml", "models", "delete", tag, "-y"], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert deleted.returncode == 0, deleted.stderr
+    code, err = run_fails(env)  # han-imdb:production, its version gone
+    assert code == 1 and err == (f"error: han-imdb's production pointer names {tag}, which is not in the model "
+                                 "store: promote a stored version (`han-model status han-imdb`, "
+                                 "`han-model promote han-imdb:VERSION`)"), err

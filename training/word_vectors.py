@@ -18,6 +18,7 @@ import hashlib
 import importlib.resources
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -214,4 +215,7 @@ if __name__ == "__main__":
     parser.add_argument("--write-glove-txt", type=Path, required=True, metavar="OUT")
     parser.add_argument("--limit", type=int, help="only the most frequent words (GloVe's order)")
     args = parser.parse_args()
-    print(write_glove_txt(args.write_glove_txt, args.limit))
+    try:
+        print(write_glove_txt(args.write_glove_txt, args.limit))
+    except OSError as e:  # a missing folder, a folder given for the file, no room: one line
+        sys.exit(f"error: {args.write_glove_txt}: cannot write it ({e.strerror or e})")
