@@ -96,13 +96,19 @@ def train_default_model() -> None:
     print(f"No {DEFAULT_MODEL_TAG} model in the model store yet: training the quick IMDB model first.", flush=True)
     print(f"  $ {' '.join(command)}", flush=True)
     try:
-        subprocess.run(command, cwd=REPO, check=True)
-    except KeyboardInterrupt:  # han-train has said "interrupted" itself
-        sys.exit(130)
+        training = subprocess.Popen(command, cwd=REPO)
     except FileNotFoundError:
         sys.exit("han-train is not installed: run `make install` (or `pip install -e .`) first")
-    except subprocess.CalledProcessError as e:
-        sys.exit(f"training the default model failed (exit status {e.returncode})")
+    try:
+        code = training.wait()
+    except KeyboardInterrupt:  # Ctrl+C reached han-train too: it stops with its own one line
+        try:
+            training.wait(60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            training.kill()
+        sys.exit(130)
+    if code != 0:
+        sys.exit(f"training the default model failed (exit status {code})")
 
 
 def main(argv: list[str] | None = None) -> int:

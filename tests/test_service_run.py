@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -101,3 +102,23 @@ def test_run_trains_only_a_store_without_the_default_model_and_names_what_is_mis
     assert code == 1 and err == (f"error: han-imdb's production pointer names {tag}, which is not in the model "
                                  "store: promote a stored version (`han-model status han-imdb`, "
                                  "`han-model promote han-imdb:VERSION`)"), err
+
+
+def test_ctrl_c_while_the_first_run_trains_is_one_line(tmp_path):
+    """The first `make run` on an empty store starts training; Ctrl+C there (SIGINT to the terminal's
+    process group) ends it with han-train's one line and status 130, no traceback from service.run."""
+    env = base_env(tmp_path / "empty-store")
+    env.pop("HAN_MODEL_TAG", None)
+    process = subprocess.Popen([sys.executable, "-m", "service.run", "--port", str(free_port())], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = process.stdout.readline()  # "No han-imdb:production model in the model store yet: training ..."
+        assert "training the quick IMDB model first" in line, line
+        time.sleep(2)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1:] == ["han-train: interrupted"], (out[-2000:], err[-3000:])

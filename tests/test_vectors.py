@@ -223,6 +223,18 @@ def test_glove_as_a_text_file_reads_back_the_same_vectors(tmp_path: Path) -> Non
     np.testing.assert_allclose(from_text.matrix[2:], from_package.matrix[2:], rtol=1e-6)
 
 
+@pytest.mark.parametrize("where", ["missing/glove.txt", "."])
+def test_writing_glove_where_it_cannot_go_is_one_line(tmp_path: Path, where: str) -> None:
+    """docs/training.md's command, with OUT in a missing folder or a folder itself: one line, no traceback."""
+    import subprocess
+
+    out = tmp_path / where
+    done = subprocess.run([sys.executable, "-m", "training.word_vectors", "--write-glove-txt", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {out}: cannot write it ("), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 @pytest.mark.usefixtures("glove_installed")
 def test_han_train_with_glove_6b_50d_builds_a_50_dimension_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture

@@ -120,10 +120,10 @@ def _glove() -> tuple[list[str], np.ndarray, Path]:
 def write_glove_txt(path: str | Path, limit: int | None = None) -> Path:
     """GloVe 6B 50d as a GloVe text file (the ``limit`` most frequent words, else all 400,000), for
     tools or benchmarks that take a vectors file; ``--model.embeddings`` reads the package directly."""
-    words, matrix, _ = _glove()
-    count = len(words) if limit is None else min(limit, len(words))
     path = Path(path)
-    with path.open("w", encoding="utf-8") as f:
+    with path.open("w", encoding="utf-8") as f:  # a path it cannot write fails before the vectors load
+        words, matrix, _ = _glove()
+        count = len(words) if limit is None else min(limit, len(words))
         for start in range(0, count, 10_000):
             block = np.asarray(matrix[start : min(count, start + 10_000)])
             f.writelines(f"{words[start + k]} {' '.join(f'{x:.7g}' for x in row.tolist())}\n"
