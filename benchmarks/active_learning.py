@@ -125,8 +125,8 @@ def run_one(args: argparse.Namespace) -> None:
     labelled: list[int] = list(start)
     previous: Path | None = None
     for size in range(args.start, args.budget + 1, args.step):
-        shared = size == args.start  # the first model is every strategy's ("start" fits only it)
-        if strategy == "start" and not shared:
+        shared = size == args.start  # the first model is every strategy's ("start"/"start-dev" fit only it)
+        if base == "start" and not shared:
             return
         workdir = root / (("start-dev" if dev else "start") if shared else f"{strategy}-{size}")
         workdir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +166,7 @@ def run_one(args: argparse.Namespace) -> None:
         model = fit(workdir, train, seed, previous, unlabeled if shared else None, validation)
         fit_s = time.perf_counter() - t
         previous = model
-        if size in done or strategy == "start":
+        if size in done or base == "start":
             continue
         t = time.perf_counter()
         pipeline = Pipeline.from_directory(model)
@@ -183,20 +183,41 @@ def _results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _start_of(job: tuple[str, int, str]) -> tuple[str, int, str] | None:
+    """The job that fits the (corpus, seed)'s shared first model a strategy's job starts from (``start``,
+    or ``start-dev`` for the ``-dev`` strategies, whose first fit keeps a validation split apart), or None
+    for a start job itself."""
+    corpus, seed, strategy = job
+    if strategy in ("start", "start-dev"):
+        return None
+    return corpus, seed, "start-dev" if strategy.endswith("-dev") else "start"
+
+
 def run_all(args: argparse.Namespace) -> None:
     """Every (corpus, seed, strategy), ``--jobs`` at a time, each pinned to its own core: first the
-    shared first fit of each (corpus, seed), then the strategies, seeds and corpora interleaved."""
+    shared first fit of each (corpus, seed), then the strategies, seeds and corpora interleaved. A
+    strategy's job starts only once its (corpus, seed)'s first fit has ended (it reads that model, and
+    must not fit it into the same folder at the same time); other pairs' jobs take the free cores."""
     pairs = sorted(itertools.product(args.corpora, args.seeds), key=lambda p: (p[1], args.corpora.index(p[0])))
     main, extra = args.strategies[:2], args.strategies[2:]  # the default and random first, for every seed
-    jobs = [(c, s, "start") for c, s in pairs] + [(c, s, k) for c, s in pairs for k in main] + \
+    starts = ["start"] + (["start-dev"] if any(k.endswith("-dev") for k in args.strategies) else [])
+    jobs = [(c, s, k) for c, s in pairs for k in starts] + [(c, s, k) for c, s in pairs for k in main] + \
         [(c, s, k) for c, s in pairs for k in extra]
     running: list[tuple[subprocess.Popen, int, tuple]] = []
+    ended: dict[tuple, int] = {}  # job -> exit code
     free = list(range(args.jobs))
     log_dir = Path(args.dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     while jobs or running:
-        while jobs and free:
-            corpus, seed, strategy = job = jobs.pop(0)
+        for job in [j for j in jobs if (first := _start_of(j)) is not None and ended.get(first, 0)]:
+            jobs.remove(job)  # its first fit failed: it would fit it again, as would every other strategy
+            print(f"{time.strftime('%H:%M:%S')} skipped {job}: {_start_of(job)} failed", flush=True)
+        while free:
+            job = next((j for j in jobs if (first := _start_of(j)) is None or first in ended), None)
+            if job is None:  # every job left waits for a first fit still running
+                break
+            jobs.remove(job)
+            corpus, seed, strategy = job
             core = free.pop(0)
             cmd = ["taskset", "-c", str(core % (os.cpu_count() or 1)), sys.executable, __file__, "one", corpus,
                    str(seed), strategy, "--dir", args.dir, "--start", str(args.start), "--step", str(args.step),
@@ -211,6 +232,7 @@ def run_all(args: argparse.Namespace) -> None:
             if proc.poll() is not None:
                 running.remove((proc, core, job))
                 free.append(core)
+                ended[job] = proc.returncode
                 print(f"{time.strftime('%H:%M:%S')} ended {job} (exit {proc.returncode})", flush=True)
 
 

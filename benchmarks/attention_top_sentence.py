@@ -7,7 +7,8 @@ The drop in the predicted label's calibrated probability when attention's top se
 against a random sentence's (``han.faithfulness``'s top-1 "x random", with its bootstrap interval),
 beside the most any ranking's top sentence reaches on the same reviews (each sentence removed in
 turn, as ``benchmarks/sentence_deletion.py``). ``--validation`` reads the validation split a fit on
-IMDB's training file holds out (10%, stratified, seed 42, as ``training.data`` carves it), for
+IMDB's training file holds out (10%, stratified, seed 42: ``training.splits.stable_holdout``, as
+``training.data`` carves it), for
 choosing settings without the test split. The fit's own check uses 100 test reviews
 (``imdb_quick.yaml``); its interval is wide, so settings are compared here.
 """
@@ -26,14 +27,17 @@ IMDB_TRAIN = IMDB_TEST.with_name("train.parquet")
 
 
 def validation_reviews(seed: int = 42, share: float = 0.1) -> list[str]:
-    """IMDB training reviews a fit holds out for validation, shuffled with seed 0."""
+    """IMDB training reviews a fit holds out for validation (``data.seed`` and ``data.val_fraction`` at their
+    defaults), shuffled with seed 0: ``training.splits.stable_holdout`` of the texts, stratified by the
+    label as a string, the rule ``training.data`` carves the split with."""
     import pyarrow.parquet as pq
-    from sklearn.model_selection import train_test_split
+
+    from training.splits import stable_holdout
 
     table = pq.read_table(IMDB_TRAIN, columns=["text", "label"])
-    texts, labels = table.column("text").to_pylist(), table.column("label").to_pylist()
-    _, held_out = train_test_split(np.arange(len(texts)), test_size=share, random_state=seed, stratify=labels)
-    reviews = [texts[i] for i in np.sort(held_out)]
+    texts, labels = table.column("text").to_pylist(), [str(x) for x in table.column("label").to_pylist()]
+    _, held_out = stable_holdout(texts, labels, share, seed)
+    reviews = [texts[i] for i in held_out]
     random.Random(0).shuffle(reviews)
     return reviews
 

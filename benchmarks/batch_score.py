@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,15 +124,14 @@ def compare_checkouts(
         for name, r in (("previous", old), ("this", new)):
             print(
                 f"round {round_}  {name:<8}  end-to-end {r['docs_per_s']:6.0f} docs/s  wall {r['wall_s']:6.1f} s  "
-                f"peak RSS {r['peak_rss_mb']:6.0f} MB  CPU {r['cpu_s']:6.1f} s  "
+                f"peak RSS {r['peak_rss_mb']:6.0f} MiB  CPU {r['cpu_s']:6.1f} s  "
                 f"load {r['load_before']:.1f}->{r['load_after']:.1f}",
                 flush=True,
             )
-    ratios.sort()
     print(
-        f"this / previous, end-to-end docs/s (explain {'on' if explain else 'off'}): "
+        f"this / previous, end-to-end docs/s (explain {'on' if explain else 'off'}), per round: "
         + ", ".join(f"{r:.3f}" for r in ratios)
-        + f"; median {ratios[len(ratios) // 2]:.3f}"
+        + f"; median {statistics.median(ratios):.3f}"
     )
 
 
@@ -212,7 +212,7 @@ def compare_designs(model: str, data: Path, rows: int, repeat: int, workdir: Pat
     for name, r in best.items():
         print(
             f"{name:54s} steady {r['steady_docs_per_s'] or 0:5.0f} docs/s  end-to-end {r['docs_per_s']:5.0f} docs/s  "
-            f"CPU {r['cpu_s']:5.1f} s  peak RSS {r['peak_rss_mb']:5.0f} MB  load {r['load_before']:.1f}",
+            f"CPU {r['cpu_s']:5.1f} s  peak RSS {r['peak_rss_mb']:5.0f} MiB  load {r['load_before']:.1f}",
             flush=True,
         )
 
@@ -366,7 +366,7 @@ def main() -> None:
             print(
                 f"rows {best['rows']:>6,}  explain {'on ' if explain else 'off'}  wall {best['wall_s']:6.1f} s  "
                 f"end-to-end {best['docs_per_s']:6.0f} docs/s  steady {best['steady_docs_per_s'] or 0:6.0f} docs/s  "
-                f"peak RSS {best['peak_rss_mb']:6.0f} MB (main {best['peak_rss_main_mb']:.0f})  "
+                f"peak RSS {best['peak_rss_mb']:6.0f} MiB (main {best['peak_rss_main_mb']:.0f})  "
                 f"CPU {best['cpu_s']:6.1f} s  load {best['load_before']:.1f}->{best['load_after']:.1f}",
                 flush=True,
             )

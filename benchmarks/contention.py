@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.served import exit_on_signals  # noqa: E402
+
 BIN = Path(sys.executable).parent
 BUSY = [sys.executable, "-c", "while 1: pass"]
 
@@ -59,11 +63,13 @@ def timed(command: list[str], neighbours: int) -> float:
     """Seconds of ``command`` with ``neighbours`` busy loops running beside it: the wall time, or the
     time the measured part took where the command reports it (train_speed.py's steps, a fit's first
     epoch, serve_load.py's concurrent run), start-up left out."""
-    busy = [subprocess.Popen(BUSY) for _ in range(neighbours)]
+    busy: list[subprocess.Popen[bytes]] = []
     try:
+        for _ in range(neighbours):
+            busy.append(subprocess.Popen(BUSY))
         time.sleep(0.5 if busy else 0)
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
+        done = run_workload(command)
         wall = time.perf_counter() - start
         steps = re.search(r"\((\d+) documents.*\n.*?([\d.]+) docs/s", done.stdout)
         epoch = re.search(r"^epoch 0: ([\d.]+) s", done.stdout + done.stderr, re.MULTILINE)
@@ -78,12 +84,31 @@ def timed(command: list[str], neighbours: int) -> float:
             process.wait()
 
 
+def run_workload(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, check=True)``, its output captured; stopped early (an error, a signal), the
+    workload gets a SIGTERM and time to clean up (serve_load.py stops its server) before a SIGKILL."""
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate()
+        except BaseException:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
+    return subprocess.CompletedProcess(command, 0, stdout, stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workload", choices=["training", "fit", "han-score", "service", "all"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--neighbours", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
+    exit_on_signals()  # a SIGTERM too ends the busy neighbours and the workload (the `finally` block)
     tmp = Path(tempfile.gettempdir()) / "han-contention"
     tmp.mkdir(exist_ok=True)
     chosen = workloads(tmp)

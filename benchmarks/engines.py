@@ -47,7 +47,7 @@ def compare_engines(
             results.append(r)
             pair[engine] = r["docs_per_s"]
             print(f"round {round_}, {engine:>5}: {rows:,} rows, {r['wall_s']:.1f} s, {r['docs_per_s']:.1f} docs/s "
-                  f"end to end, peak RSS {r['peak_rss_mb']:.0f} MB, load {r['load_before']:.2f}", flush=True)
+                  f"end to end, peak RSS {r['peak_rss_mb']:.0f} MiB, load {r['load_before']:.2f}", flush=True)
         if pair["local"]:
             ratios.append(pair["ray"] / pair["local"])
     if ratios:

@@ -21,6 +21,7 @@ from sklearn.model_selection import train_test_split
 
 from han import Pipeline, SavedModel
 from training.baseline import train_baseline
+from training.splits import stable_holdout
 
 SETTINGS = sorted({base for base, _ in suite.UNLABELLED.values()})  # the few-label ones: imdb-1000, ...
 VAL_FRACTION, SEED = 0.1, 42  # the fit's validation split (training.data's defaults)
@@ -41,11 +42,12 @@ def baseline_accuracy(setting: str, texts: list[str], labels: list[str]) -> floa
     """The TF-IDF baseline fitted on the setting's training file less the fit's validation split."""
     train, _, _ = suite.setting_files(setting, suite.REPO / ".cache" / "suite-data")
     table = pq.read_table(train)
-    names = sorted({str(x) for x in table.column("label").to_pylist()})
-    y = np.array([names.index(str(x)) for x in table.column("label").to_pylist()])
-    fit, _ = train_test_split(np.arange(len(y)), test_size=VAL_FRACTION, random_state=SEED, stratify=y)
+    raw = [str(x) for x in table.column("label").to_pylist()]
+    names = sorted(set(raw))
+    y = np.array([names.index(x) for x in raw])
     texts_train = table.column("text").to_pylist()
-    model = train_baseline([texts_train[i] for i in sorted(fit)], y[sorted(fit)], False)
+    fit, _ = stable_holdout(texts_train, raw, VAL_FRACTION, SEED)  # training.data's rule: the fit's own split
+    model = train_baseline([texts_train[i] for i in fit], y[fit], False)
     return float((model.predict(texts) == np.array([names.index(x) for x in labels])).mean())
 
 

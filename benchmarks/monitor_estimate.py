@@ -11,8 +11,9 @@ and the shift tests.
         --stream ../shared/datasets/imdb/test.parquet --first-sentences 1 \\
         --stream ../shared/datasets/20newsgroups/test.parquet
 
-``--first-sentences N`` keeps each document's first N sentences (a stream of short texts, from the
-same corpus: labelled, and shifted in length). Streams are seeded samples of ``--limit`` documents.
+``--first-sentences N`` keeps each document's first N sentences of the ``--stream`` it follows (a stream of
+short texts, from the same corpus: labelled, and shifted in length): above, the second stream only.
+Streams are seeded samples of ``--limit`` documents.
 """
 
 from __future__ import annotations
@@ -29,12 +30,27 @@ sys.path.insert(0, str(REPO))
 from han.environment import apply_defaults  # noqa: E402
 
 
+class _ForLastStream(argparse.Action):
+    """``--first-sentences N``: for the ``--stream`` just before it (argparse acts on the options in the
+    order given), kept as a list by stream position, 0 (all sentences) for the streams without one."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        streams = getattr(namespace, "stream", None) or []
+        if not streams:
+            parser.error(f"{option_string} applies to the --stream before it: give that --stream first")
+        firsts = list(getattr(namespace, self.dest) or [])
+        firsts += [0] * (len(streams) - len(firsts))
+        firsts[len(streams) - 1] = values
+        setattr(namespace, self.dest, firsts)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a model directory or a tag of the model store")
     parser.add_argument("--stream", action="append", required=True, help="a Parquet file with text (and label)")
-    parser.add_argument("--first-sentences", type=int, action="append", default=None,
-                        help="for the stream of the same position: keep the first N sentences (0: all)")
+    parser.add_argument("--first-sentences", type=int, action=_ForLastStream, default=None, metavar="N",
+                        help="for the --stream just before it: keep the first N sentences (0: all)")
     parser.add_argument("--limit", type=int, default=5000, help="documents per stream (default 5000)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

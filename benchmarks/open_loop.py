@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.serve_load import DEFAULT_DATA, machine, summarize  # noqa: E402
-from benchmarks.served import AUTH, Server  # noqa: E402
+from benchmarks.served import AUTH, Server, exit_on_signals  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 
 
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a server environment to compare (repeat; default: the defaults alone)")
     args = parser.parse_args(argv)
+    exit_on_signals()  # a SIGTERM too stops the server (the `finally` block)
     apply_defaults()
     tag = args.tag
     if args.make_bench_model:

@@ -7,10 +7,10 @@
 Prints the errors and dropped connections (both must be 0), the responses that named no version, how
 long after each command began the service answered with the new version (first and last response
 of the old one), docs/s over the run, p50/p99 in the 10 s after each command against the 10 s before
-the first, and each worker's memory before the promotion and after the rollback once idle. The
-server follows the name's production pointer (``HAN_MODEL_TAG=NAME``) in the model store of
-``$BENTOML_HOME``; the pointer is put back as it was at the end. The promotion is ``--force``d: this
-measures the switch, not the comparison.
+the first, and each worker's memory (MiB, in ``worker_rss_mb_*``) before the promotion and after the
+rollback once idle. The server follows the name's production pointer (``HAN_MODEL_TAG=NAME``) in the
+model store of ``$BENTOML_HOME``; the pointer is put back as it was at the end (after a SIGTERM too).
+The promotion is ``--force``d: this measures the switch, not the comparison.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.serve_load import DEFAULT_DATA, machine, summarize  # noqa: E402
-from benchmarks.served import AUTH, Server  # noqa: E402
+from benchmarks.served import AUTH, Server, exit_on_signals  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 from model_store import resolve_tag  # noqa: E402
 from model_store.production import read_pointer, restore_pointer, split_tag  # noqa: E402
@@ -112,6 +112,7 @@ def pointer_moves(name: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_on_signals()  # a SIGTERM too stops the server and puts the pointer back (the `finally` block)
     apply_defaults()
     import pyarrow.parquet as pq
 
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     before = read_pointer(name)
     figures: dict = {"machine": machine(), "old": old, "new": new, "clients": args.clients}
     server = None
+    operator: threading.Thread | None = None
+    stopping = threading.Event()  # the load ended early (an error, a signal): the operator moves nothing more
     try:
         _, _, done = han_model("promote", old, "--force")
         if done.returncode:
@@ -138,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
 
         def operate() -> None:
             t0 = time.time()
-            time.sleep(args.promote_at)
+            if stopping.wait(args.promote_at):
+                return
             commands["promote"] = han_model("promote", new, "--force")
-            time.sleep(max(0.0, args.rollback_at - (time.time() - t0)))
+            if stopping.wait(max(0.0, args.rollback_at - (time.time() - t0))):
+                return
             commands["rollback"] = han_model("rollback", name)
 
-        operator = threading.Thread(target=operate)
+        operator = threading.Thread(target=operate, daemon=True)
         started = time.time()
         operator.start()
         asyncio.run(load(server.url, texts, args.clients, args.seconds, answers, errors, dropped))
@@ -174,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         if promoted.returncode or rolled.returncode:
             figures["failed"] = True
     finally:
+        stopping.set()
+        if operator is not None:
+            operator.join()  # a promote or rollback under way ends before the pointer is put back
         if server is not None:
             server.stop()
         restore_pointer(before, name)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.active_learning import load
 
 START, STEP, BUDGET = 200, 200, 2_000
+STRATEGIES = ("random", "margin", "mix", "diverse", "entropy", "least", "balanced", "density", "badge")
 
 
 def margins(probs: np.ndarray) -> np.ndarray:
@@ -44,6 +45,8 @@ def choose(strategy: str, probs: np.ndarray | None, rest: np.ndarray, embedded: 
     """``n`` of the unlabelled rows ``rest`` (``probs``: the model's scores of them)."""
     from sklearn.cluster import KMeans
 
+    if strategy not in STRATEGIES:  # never another strategy's rows under this name
+        raise ValueError(f"unknown strategy {strategy!r}; the strategies are {', '.join(STRATEGIES)}")
     if strategy == "random":
         return rng.choice(rest, n, replace=False)
     assert probs is not None
@@ -80,7 +83,8 @@ def choose(strategy: str, probs: np.ndarray | None, rest: np.ndarray, embedded: 
     if strategy == "mix":
         half = ranked[: n // 2]
         return np.concatenate([half, rng.choice(np.setdiff1d(rest, half), n - n // 2, replace=False)])
-    candidates = ranked[: n * 10]  # diverse
+    assert strategy == "diverse"
+    candidates = ranked[: n * 10]
     distances = KMeans(n, n_init=1, random_state=int(rng.integers(1e6))).fit(embedded[candidates]).transform(
         embedded[candidates])
     chosen: list[int] = []
@@ -96,7 +100,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("corpus", choices=["imdb", "20newsgroups"])
-    parser.add_argument("--strategies", nargs="+", default=["random", "margin", "mix", "diverse"])
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=["random", "margin", "mix", "diverse"],
+                        metavar="STRATEGY", help=f"any of {', '.join(STRATEGIES)} (default: random margin mix diverse)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--split", choices=["validation", "test"], default="test",
                         help="what reads each round's model (choose a strategy on validation)")

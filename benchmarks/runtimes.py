@@ -235,6 +235,7 @@ def read_reviews(work: Path) -> tuple[list[str], list[Encoded]]:
 
 
 def rss_mb() -> float:
+    """This process's RSS in MiB."""
     release_free_memory()
     return psutil.Process().memory_info().rss / 2**20
 
@@ -352,7 +353,7 @@ def main() -> int:
     if any(name in PACKAGE for name in names):
         start = time.perf_counter()
         export(pipeline.model, feed([encoded[i] for i in chunks[len(chunks) // 2]]), onnx)
-        print(f"exported {onnx} ({onnx.stat().st_size / 2**20:.1f} MB) in {time.perf_counter() - start:.1f} s")
+        print(f"exported {onnx} ({onnx.stat().st_size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s")
 
     reference = list(engine("project", pipeline, onnx, 1)(encoded))
     print("\nagreement with the project's forward (max abs difference; the issue asks <= 1e-4 and the same labels)")
@@ -363,7 +364,7 @@ def main() -> int:
     del pipeline, reference  # the workers measure; this process only waits
 
     memory = {threads: measure(args, names, threads, len(texts)) for threads in args.threads}
-    print("\nRSS increase of a worker process over the pipeline with the reviews loaded ('base'), MB")
+    print("\nRSS increase of a worker process over the pipeline with the reviews loaded ('base'), MiB")
     print(f"{'engine':<15}{'threads':>8}{'base':>8}{'after load':>12}{'after a pass':>14}")
     for threads, readings in memory.items():
         for name, m in readings.items():

@@ -22,12 +22,13 @@ pinned with taskset and OMP_NUM_THREADS (``--cores``; ``none`` leaves it be). St
 the fit's log lines arrive: load (start-up, reading the file, the recipe's profile), tokenise (up to the
 word vectors: segmenting, vocabulary, encoding, the validation split), vectors (word2vec), epoch (training
 and its validation), baseline (TF-IDF + logistic regression, fit and scoring), export (the rest up to the
-model directory: calibration, n-gram head, reports, faithfulness). "peak MB" is the summed PSS of the
+model directory: calibration, n-gram head, reports, faithfulness). "peak MiB" is the summed PSS of the
 fit and its forked tokenising processes (sampled each second; summed RSS, kept too, counts the pages the
-forks share with the fit in each of them), with the stage it fell in; "anon MB" the same without the
-pages of mapped files (the caches on disk, which the system reclaims); "fit MB" the largest process's
+forks share with the fit in each of them), with the stage it fell in; "anon MiB" the same without the
+pages of mapped files (the caches on disk, which the system reclaims); "fit MiB" the largest process's
 exact peak RSS (ru_maxrss). ``DIR/results.jsonl`` adds every stage's peak and the fit's step timings;
-``DIR/run-N/fit.log`` is the fit's log, each line's arrival time first.
+``DIR/run-N/fit.log`` is the fit's log, each line's arrival time first. Memory is in MiB (2**20 bytes)
+throughout, the ``*_mb`` fields of results.jsonl too (their names kept, for the lines already there).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def tree_memory(root: psutil.Process, pss: bool) -> tuple[int, int | None, int |
 def measure(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     """Run ``cmd``: its log lines with their arrival times, memory samples, exit code and wall time.
     Every PSS sample also goes to ``memory.tsv`` beside the log as it is taken (seconds, RSS, PSS and
-    anonymous PSS in MB), so a run stopped midway still says where its memory went."""
+    anonymous PSS in MiB), so a run stopped midway still says where its memory went."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)
@@ -176,7 +177,7 @@ def measure(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     reader.start()
     root, samples = psutil.Process(proc.pid), []
     with (log.parent / "memory.tsv").open("w") as trace:
-        trace.write("seconds\trss_mb\tpss_mb\tanon_mb\n")
+        trace.write("seconds\trss_mib\tpss_mib\tanon_mib\n")
         for poll in itertools.count():
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # usage: the fit's and its reaped children's
             if pid:
@@ -211,7 +212,7 @@ def stages(lines: list[tuple[float, str]]) -> dict[str, tuple[float, float] | No
 
 def stage_peaks(spans: dict[str, tuple[float, float] | None],
                 samples: list[tuple[float, int, int | None, int | None]], column: int = 2) -> dict[str, int]:
-    """The largest PSS sample (MB; ``column`` 3: anonymous PSS) in each stage ("other": after the model
+    """The largest PSS sample (MiB; ``column`` 3: anonymous PSS) in each stage ("other": after the model
     directory is written)."""
     peaks: dict[str, int] = {}
     for sample in samples:
@@ -251,7 +252,7 @@ def run(args: argparse.Namespace) -> None:
     env |= {"OMP_NUM_THREADS": str(len(cores))} if cores else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     rows = [f"{'documents':>10} " + " ".join(f"{k:>8}" for k in [*STAGES, "total"])
-            + f" {'s/1k docs':>9} {'peak MB':>8} {'at':>8} {'anon MB':>8} {'at':>8} {'fit MB':>7} {'HAN acc':>7}"
+            + f" {'s/1k docs':>9} {'peak MiB':>8} {'at':>8} {'anon MiB':>8} {'at':>8} {'fit MiB':>7} {'HAN acc':>7}"
             + f" {'base acc':>8}"]
     for n in args.sizes:
         train, out = args.dir / f"scale-{n}.parquet", (args.dir / f"run-{n}").resolve()

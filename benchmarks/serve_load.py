@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.served import AUTH, Server  # noqa: E402
+from benchmarks.served import AUTH, Server, exit_on_signals  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "imdb"
@@ -209,6 +209,7 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_on_signals()  # a SIGTERM too stops the server (the `finally` blocks)
     apply_defaults()
     if args.make_bench_model:
         from benchmarks.bench_model import bench_model_dir, register_bench_model
@@ -238,6 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         keyed = {**extra_env, "HAN_API_KEYS": AUTH["Authorization"].removeprefix("Bearer ")}
         return compare(args, tag, [("keys off", REPO, extra_env), ("keys on", REPO, keyed)], warmup, single, load)
     if args.compare_shadow:
+        from monitoring.shadow import read_shadow
+
+        name = tag.partition(":")[0]
+        if args.compare_shadow.partition(":")[0] != name:
+            raise SystemExit(f"--compare-shadow {args.compare_shadow}: a service of {tag} shadows versions of "
+                             f"{name} only")
+        if existing := read_shadow(name):  # the comparison sets and ends the shadow of the name: not the user's
+            raise SystemExit(f"{name} has a shadow already ({existing['tag']}, {existing.get('fraction', 0):.0%} "
+                             f"of documents, since {existing.get('since')}): end it first (han-model shadow {name} "
+                             "--stop), or compare on another model store ($BENTOML_HOME)")
         shadowed = f"shadow {args.fraction:g}"
         return compare(args, tag, [("no shadow", REPO, extra_env), (shadowed, REPO, extra_env)], warmup, single, load,
                        shadow={shadowed: (args.compare_shadow, args.fraction)})
@@ -274,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         results["worker_rss_mb"] = round(server.worker_rss_mb())
         time.sleep(REST_SECONDS)
         results["worker_rss_at_rest_mb"] = round(server.worker_rss_mb())
-        print(f"\nlargest serving worker RSS after the runs: {results['worker_rss_mb']} MB, "
-              f"{REST_SECONDS:.0f} s later {results['worker_rss_at_rest_mb']} MB")
+        print(f"\nlargest serving worker RSS after the runs: {results['worker_rss_mb']} MiB, "
+              f"{REST_SECONDS:.0f} s later {results['worker_rss_at_rest_mb']} MiB")
     finally:
         server.stop()
     results["machine"]["load_average_after"] = os.getloadavg()
@@ -292,6 +303,19 @@ def _shadow_lines(tag: str) -> int:
     return sum(1 for _ in read_log(log_folder(tag.partition(":")[0]), roles=["shadow"]))
 
 
+def _settled_shadow_lines(tag: str, quiet: float = 2.0, timeout: float = 120.0) -> int:
+    """``_shadow_lines`` once it has stopped growing for ``quiet`` seconds (at most ``timeout``): the shadow
+    answers its copies in production's gaps, after the requests themselves."""
+    lines, deadline = _shadow_lines(tag), time.monotonic() + timeout
+    still_since = time.monotonic()
+    while time.monotonic() - still_since < quiet and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _shadow_lines(tag)
+        if now != lines:
+            lines, still_since = now, time.monotonic()
+    return lines
+
+
 def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, dict[str, str]]],
             warmup: list[str], single: list[str], load: list[str],
             shadow: dict[str, tuple[str, float]] | None = None) -> int:
@@ -302,27 +326,33 @@ def compare(args: argparse.Namespace, tag: str, versions: list[tuple[str, Path, 
     width = max(10, *(len(name) + 2 for name, _, _ in versions))
     header = (f"{'round':<7}{'version':<{width}}{'docs/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
               f"{'errors':>8}{'1-client p50':>14}")
-    print(header + f"{'worker RSS MB':>15}{'at rest':>9}{'cpu ms/doc':>12}{'busiest':>9}")
+    print(header + f"{'worker RSS MiB':>15}{'at rest':>9}{'cpu ms/doc':>12}{'busiest':>9}")
+    from monitoring.shadow import start_shadow, stop_shadow
+
     for round_ in range(1, args.rounds + 1):
         for name, repo, env in versions if round_ % 2 else versions[::-1]:
-            from monitoring.shadow import start_shadow, stop_shadow
-
-            stop_shadow(tag.partition(":")[0])
-            if name in (shadow or {}):
-                start_shadow(*shadow[name])  # read by each worker as it starts
-            shadowed_before = _shadow_lines(tag)
-            server = Server(tag, args.workers, args.service, env, repo=repo)
+            # Only a --compare-shadow run touches the shadow (main refused to start over one set already):
+            # the one it starts for its shadowed version, ended after that version's server.
+            server = None
             try:
+                if name in (shadow or {}):
+                    start_shadow(*shadow[name])  # read by each worker as it starts
+                server = Server(tag, args.workers, args.service, env, repo=repo)
                 server.wait_ready()
                 asyncio.run(run_load(server.url, warmup, 8))
+                if name in (shadow or {}):
+                    # counted once the shadow has answered the warm-up's copies: the measured documents only
+                    shadowed_before = _settled_shadow_lines(tag)
                 one = measured(server, single, 1)
                 many = measured(server, load, args.clients)
                 rss = server.worker_rss_mb()
                 time.sleep(REST_SECONDS)
                 rest = server.worker_rss_mb()
             finally:
-                server.stop()
-                stop_shadow(tag.partition(":")[0])
+                if server is not None:
+                    server.stop()
+                if name in (shadow or {}):
+                    stop_shadow(tag.partition(":")[0])
             if name in (shadow or {}):
                 answered = _shadow_lines(tag) - shadowed_before
                 print(f"    the shadow answered {answered} of the {len(single) + len(load)} documents sent (it is "

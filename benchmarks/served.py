@@ -20,6 +20,21 @@ AUTH = {"Authorization": "Bearer serve-load-bench-key-0123456789"}
 WORKER_MODULE = b"_bentoml_impl.worker.service"  # in a serving worker's command line
 
 
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP (a ``kill``, a CI timeout, a closed terminal) raise ``SystemExit(128 + signum)`` in
+    the main thread, as Ctrl-C raises KeyboardInterrupt, so that a script's ``finally`` blocks run: they stop
+    its server (in a session of its own, the signal never reaches it), its busy loops, and put back what it
+    changed. A second signal during that cleanup is ignored rather than cutting it short."""
+
+    def handler(signum: int, frame: object) -> None:
+        for number in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, handler)
+
+
 class Server:
     """``bentoml serve`` of ``service`` from the checkout ``repo``, on a free loopback port, its output in a log."""
 
@@ -68,7 +83,7 @@ class Server:
         return total / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> dict[int, float]:
-        """RSS in MB of each of the server's descendant processes (the serving workers), by pid."""
+        """RSS in MiB of each of the server's descendant processes (the serving workers), by pid."""
         sizes = {}
         for pid in self.processes()[1:]:
             try:
@@ -79,7 +94,7 @@ class Server:
         return sizes
 
     def worker_rss_mb(self) -> float:
-        """The largest RSS among the serving workers, in MB."""
+        """The largest RSS among the serving workers, in MiB."""
         return max(self.rss_mb().values(), default=0.0)
 
     def metric(self, name: str) -> float:

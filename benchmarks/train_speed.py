@@ -22,7 +22,6 @@ config's training split. Rounds alternate between the variants, so machine noise
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import re
 import statistics
@@ -65,22 +64,22 @@ def nn_gru_both_ways(rnn: BiGRU, x: Tensor, lengths: Tensor) -> Tensor:
 
 
 class PackedHAN(HAN):
-    """The HAN with nn.GRU over packed sequences in training (the usual public implementation)."""
+    """The HAN with nn.GRU over packed sequences in training (the usual public implementation).
 
-    def __init__(self, config: HANConfig) -> None:
-        super().__init__(config)
-        self.sentence_rnn.forward = functools.partial(nn_gru_both_ways, self.sentence_rnn)  # type: ignore[method-assign]
+    ``HAN.forward`` runs the word level through ``sentence_vectors`` and the document level through
+    ``_document_level`` (which ``classify`` calls too); both are replaced here, padded in and out, and
+    ``_document_level`` returns the sentence values flat ([sentences, dim]) as ``HAN``'s does."""
 
     def sentence_vectors(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        h = nn_gru_both_ways(self.word_rnn, self.embedding(words), lengths)
+        h = nn_gru_both_ways(self.word_rnn, self.embed(words), lengths)
         return self.word_attention(h, mask(lengths, words.shape[1]))
 
-    def classify(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def _document_level(self, grouped: Tensor, document_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         valid = mask(document_lengths, grouped.shape[1])
-        g = self.sentence_rnn(grouped, document_lengths)
-        values = grouped if self.config.sentence_values == "own" else None
+        g = nn_gru_both_ways(self.sentence_rnn, grouped, document_lengths)
+        values = grouped if self.config.sentence_values == "own" else g
         document_vectors, sentence_weights = self.sentence_attention(g, valid, values)
-        return self.head(self.dropout(document_vectors)), sentence_weights
+        return self.head(self.dropout(document_vectors)), sentence_weights, values[valid]
 
 
 def checkout_rate(checkout: Path, args: argparse.Namespace) -> float:

@@ -24,13 +24,14 @@ DATA = REPO.parent / "shared" / "datasets" / "imdb" / "test.parquet"
 
 
 def reading(step: str) -> None:
+    """This process's RSS and anonymous memory (``smaps_rollup``'s kB are KiB), in MiB."""
     fields = {}
     with open(f"/proc/{os.getpid()}/smaps_rollup") as f:
         for line in f:
             key, _, value = line.partition(":")
             fields[key] = int(value.split()[0]) if value.split() else 0
     rss, anon = fields["Rss"] >> 10, fields["Anonymous"] >> 10
-    print(f"{step:40s} RSS {rss:5,d} MB   anonymous {anon:5,d} MB   files {rss - anon:5,d} MB", flush=True)
+    print(f"{step:40s} RSS {rss:5,d} MiB   anonymous {anon:5,d} MiB   files {rss - anon:5,d} MiB", flush=True)
 
 
 def main() -> None:
@@ -68,7 +69,7 @@ def main() -> None:
     reading("the model loaded")
     head = pipeline.saved.ngrams
     weights = sum(w.nbytes for w in pipeline.saved.weights.values())
-    print(f"  weights {weights / 1e6:.1f} MB, n-gram head {head.nbytes / 1e6 if head else 0:.1f} MB, "
+    print(f"  weights {weights / 2**20:.1f} MiB, n-gram head {head.nbytes / 2**20 if head else 0:.1f} MiB, "
           f"vocabulary {len(pipeline.saved.vocab.stoi):,} words")
     for text in texts:
         pipeline([text], explain=True)

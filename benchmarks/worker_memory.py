@@ -6,7 +6,7 @@ phase (the worker gives freed heap back once idle 1 s; the reading waits ``--res
 
 1. plain load: 1,000 one-review requests with explanations from 32 clients;
 2. the hostile suite: a 2,000-sentence document, a 100,000-word document, a 500,000-character word,
-   and the largest request the API takes (256 documents filling the 10 MB body) with every explanation
+   and the largest request the API takes (256 documents filling the 10 MiB body) with every explanation
    method, each sent twice on new connections (so that both workers usually get one); the gradient-based
    methods run in a helper process beside each worker (service.gradients), whose RSS is shown while it runs;
 3. a soak: ``--soak`` seconds at 50 clients of IMDB reviews, 5% of the requests 16 documents and 5%
@@ -29,14 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.serve_load import DEFAULT_DATA, machine  # noqa: E402
-from benchmarks.served import AUTH, Server  # noqa: E402
+from benchmarks.served import AUTH, Server, exit_on_signals  # noqa: E402
 from han.environment import apply_defaults  # noqa: E402
 from han.methods import METHODS  # noqa: E402
 from service.api import MAX_BODY_BYTES, MAX_DOCUMENTS  # noqa: E402
 
 
 def smaps(pid: int) -> dict[str, float]:
-    """MB of the worker's resident memory by kind: the malloc heap, other anonymous mappings (large
+    """MiB of the worker's resident memory by kind: the malloc heap, other anonymous mappings (large
     allocations, thread stacks, torch's pools), and files (libraries, the mapped model)."""
     kinds = {"heap": 0, "anonymous": 0, "files": 0}
     name = ""
@@ -57,9 +57,9 @@ def reading(server: Server, phase: str, rest: float) -> None:
             if b"_bentoml_impl.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     # the gradient-based explanations' helper processes (service.gradients), while any runs
     helpers = [rss for pid, rss in sizes.items() if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    print(f"{phase:<28}" + "   ".join(f"{rss:>6.0f} MB (heap {k['heap']:.0f}, anon {k['anonymous']:.0f}, "
+    print(f"{phase:<28}" + "   ".join(f"{rss:>6.0f} MiB (heap {k['heap']:.0f}, anon {k['anonymous']:.0f}, "
                                      f"files {k['files']:.0f})" for rss, k in rows)
-          + (f"   gradient helpers {', '.join(f'{rss:.0f}' for rss in helpers)} MB" if helpers else ""), flush=True)
+          + (f"   gradient helpers {', '.join(f'{rss:.0f}' for rss in helpers)} MiB" if helpers else ""), flush=True)
 
 
 async def post(session, url: str, body: dict) -> int:  # type: ignore[no-untyped-def]
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rest", type=float, default=5, help="seconds at rest before each reading (default 5)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra server environment")
     args = parser.parse_args(argv)
+    exit_on_signals()  # a SIGTERM too stops the server (the `finally` block)
     apply_defaults()
     tag = args.tag
     if args.make_bench_model:
