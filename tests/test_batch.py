@@ -328,8 +328,9 @@ def test_existing_output_is_never_silently_replaced(tmp_path: Path, tiny_model_d
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert score(source, output, tiny_model_dir, "--workers", "1", "--resume") == 0  # complete: nothing to do
     assert output.read_bytes() == before
+    output.write_text("id,label\nnot,scored\n")  # what --overwrite replaces is not what it writes
     assert score(source, output, tiny_model_dir, "--workers", "1", "--overwrite") == 0
-    assert output.read_bytes() == before
+    assert output.read_bytes() == before  # a fresh scoring, as the first run wrote it
 
 
 def test_summary_counts_rows_labels_and_failures(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:

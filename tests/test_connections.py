@@ -50,8 +50,23 @@ def test_a_connection_ends_after_the_number_of_requests_drawn_for_it():
 def test_connections_are_counted_apart_and_other_traffic_passes_untouched():
     middleware = SpreadConnections(scripted_app(), requests=3, rng=random.Random(0))
     a, b = ("10.0.0.1", 5000), ("10.0.0.2", 5000)
-    closed = ends(middleware, [a, b] * 10)
-    assert any(closed[0::2]) and any(closed[1::2])
+    c = ("10.0.0.1", 5001)  # another connection of a's host: counted apart from a's too
+    order = random.Random(1)
+    clients = [order.choice([a, b, c]) for _ in range(60)]
+    closed = ends(middleware, clients)
+    # Each connection, when first seen (and again once its last one ended), draws its own 1 to 2 x 3 - 1
+    # requests from the one generator; its responses end it after exactly that many of its own requests,
+    # whatever the others send between them.
+    draws, left, expected = random.Random(0), {}, []
+    for client in clients:
+        if client not in left:
+            left[client] = draws.randint(1, 5)
+        left[client] -= 1
+        expected.append(left[client] == 0)
+        if left[client] == 0:
+            del left[client]
+    assert closed == expected
+    assert all(sum(end for k, end in zip(clients, closed, strict=True) if k == client) >= 2 for client in (a, b, c))
     never = SpreadConnections(scripted_app(), requests=0)
     assert not any(ends(never, [a] * 50))
     start, _ = run_async(call(middleware, client=None))  # a Unix socket: no client address

@@ -7,6 +7,9 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +105,26 @@ def test_processes_killed_mid_write_leave_only_whole_lines(tmp_path: Path) -> No
     for line in lines:
         assert line.endswith("\n")
         json.loads(line)
+
+
+def test_a_restarted_worker_cuts_the_half_line_a_killed_one_left(tmp_path: Path) -> None:
+    """The kill above lands mid-line only now and then; here the half line is written by hand: a worker
+    that starts cuts it off the file of this host's ended process (a line longer than the 64 KB blocks it
+    reads back in), and leaves the file of a process still running as it is."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    data = tmp_path / "data"
+    data.mkdir()
+    whole = "".join(json.dumps(_at(s, "a")) + "\n" for s in range(3))
+    half = '{"time": "2026-11-27T12:00:03.000Z", "id": "a3", "text": "' + "word " * 30000
+    killed = data / f"20261127T120000000000-{socket.gethostname()}-{ended.pid}.jsonl"
+    killed.write_text(whole + half)
+    running = data / f"20261127T120000000001-{socket.gethostname()}-{os.getppid()}.jsonl"
+    running.write_text(whole + half[:40])  # a live writer's line may be on its way: not cut
+    InferenceLog("han-k", LogSettings(), folder=tmp_path)
+    assert killed.read_text() == whole
+    assert [json.loads(line) for line in killed.read_text().splitlines()] == [_at(s, "a") for s in range(3)]
+    assert running.read_text() == whole + half[:40]
 
 
 def _log_file(folder: Path, name: str, records: list[dict], mtime: float) -> Path:

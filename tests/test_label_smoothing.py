@@ -46,3 +46,35 @@ def test_label_smoothing_softens_the_training_loss_target() -> None:
     assert smoothed > plain + 1.0  # a confident right answer is penalised once targets are smoothed
     with pytest.raises(ValueError, match="label_smoothing"):
         HANModule(vocab_size=10, num_labels=2, label_smoothing=1.0)
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # the step's logging, without a trainer
+def test_the_sentence_attentions_losses_enter_the_training_loss_with_their_weights() -> None:
+    """A training step's loss is the label's loss plus sentence_focus x the attention's entropy (a share of
+    log n) plus sentence_evidence x the evidence loss; validation's is the label's loss alone."""
+    from han.batch import Batch
+    from training.attention_losses import sentence_evidence
+
+    torch.manual_seed(0)
+    sizes = {"vocab_size": 30, "num_labels": 2, "embed_dim": 8, "word_hidden": 6, "sentence_hidden": 6,
+             "attention_dim": 8, "dropout": 0.0, "word_dropout": 0.0}
+    batch = Batch(torch.randint(2, 30, (5, 4)), torch.tensor([4, 3, 2, 4, 1]), torch.tensor([3, 2]))
+    target = torch.tensor([0, 1])
+    plain = HANModule(**sizes)
+    plain.net.train()
+    label_loss = plain._loss(batch, target, "train")[0]
+    output = plain.net(*batch)
+    assert label_loss.item() == pytest.approx(torch.nn.functional.cross_entropy(output.logits, target).item(), abs=1e-6)
+    w = output.sentence_weights
+    entropy = torch.stack([-(w[d, :n] * w[d, :n].log()).sum() / torch.log(torch.tensor(float(n)))
+                           for d, n in enumerate(batch.document_lengths.tolist())]).mean()
+    evidence = sentence_evidence(w, output.sentence_logits, batch.document_lengths, target, False)
+    assert entropy.item() > 0.1 and evidence.item() > 0.1  # both terms are there to be added
+    for focus, weight in ((0.5, 0.0), (0.0, 0.3), (0.5, 0.3)):
+        module = HANModule(**sizes, sentence_focus=focus, sentence_evidence=weight)
+        module.net.load_state_dict(plain.net.state_dict())
+        module.net.train()
+        loss = module._loss(batch, target, "train")[0]
+        expected = label_loss + focus * entropy + weight * evidence
+        assert loss.item() == pytest.approx(expected.item(), abs=1e-5), (focus, weight)
+        assert module._loss(batch, target, "val")[0].item() == pytest.approx(label_loss.item(), abs=1e-6)

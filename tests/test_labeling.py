@@ -220,8 +220,9 @@ def test_next_holds_out_a_random_share_that_import_keeps_and_the_fit_validates_o
 
 @pytest.mark.parametrize(("content", "message"), [
     ("", "the pool is empty (an empty file)"),
-    ('{"id": "a", "text": "Good.", "label": "pos"}\n', "all 1 of its documents are labelled already"),
-    ('{"id": "a", "body": "Good."}\n', "no column 'text' (columns: id, body)"),
+    ('{"id": "a", "text": "Good.", "label": "pos"}\n',
+     "all 1 of its documents are labelled already: nothing to choose"),
+    ('{"id": "a", "body": "Good."}\n', "no column 'text' (columns: id, body): see --text-column"),
 ])
 def test_next_refuses_a_pool_it_cannot_choose_from_in_one_line(content: str, message: str, tiny_model_dir: Path,
                                                                 tmp_path: Path) -> None:
@@ -230,9 +231,7 @@ def test_next_refuses_a_pool_it_cannot_choose_from_in_one_line(content: str, mes
     out = tmp_path / "queue.json"
     done = han_label("next", str(source), "--n", "1", "--out", str(out), "--model", str(tiny_model_dir))
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"han-label: error: {source}: {message}"] or \
-        message in done.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in done.stderr
+    assert done.stderr == f"han-label: error: {source}: {message}\n"  # one line, and nothing else
     assert not out.exists() and not list(tmp_path.glob("*.xml"))
 
 

@@ -3,7 +3,10 @@ a faithful stream is not flagged, a shifted one is, and the interval covers the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from monitoring.report import report, series, version_report, wilson
 
@@ -126,3 +129,10 @@ def test_wilson_interval() -> None:
     assert wilson(0, 0) is None
     low, high = wilson(90, 100)
     assert low < 0.9 < high and low > 0.82 and high < 0.95
+    # 95%: each bound is where the score test of p = 0.9 against it reaches z = 1.96 (to the 4 decimals kept)
+    for bound in (low, high):
+        assert abs(0.9 - bound) / math.sqrt(bound * (1 - bound) / 100) == pytest.approx(1.959964, abs=0.01)
+    # the figures worked out by hand with z = 1.959964 (norm.ppf(0.975)), rounded to 4 decimals
+    assert wilson(90, 100) == [0.8256, 0.9448]
+    assert wilson(0, 10) == [0.0, 0.2775] and wilson(10, 10) == [0.7225, 1.0]
+    assert wilson(1, 3) == [0.0615, 0.7923] and wilson(450, 1000) == [0.4194, 0.481]

@@ -190,13 +190,28 @@ def test_export_of_a_multi_label_model_writes_a_list_in_every_row(home: Path, tm
 
 
 def test_the_model_config_decides_the_label_column(home: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    _single_label_log(home)
-    monkeypatch.setattr(loop_commands, "model_facts", lambda tag: (None, ["neg", "pos"], True))
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A registered multi-label model whose logged answers all look single-label (one label each, scores
+    that sum to 1): its config.json, read from the store, makes the export's label column ``labels``."""
+    import model_store
+
+    saved, _ = train_tiny_model(steps=5, multi_label=True)
+    assert saved.model.config.multi_label
+    tag = model_store.register(saved, NAME)  # in this process: the store the export reads the config from
+    labels = saved.labels
+    rows = read_jsonl("topics.jsonl")[:8]
+    records = [_record(i, tag, [r["labels"][0]], {label: 0.9 if label == r["labels"][0] else 0.1 / (len(labels) - 1)
+                                                  for label in labels}, r["text"]) for i, r in enumerate(rows)]
+    _write_log(home, records)
+    _feedback(home, records, {r["id"]: list(row["labels"]) for r, row in zip(records, rows, strict=True)})
     out = tmp_path / "labelled.jsonl"
+    capsys.readouterr()
     assert main(["export-log", NAME, str(out), "--labelled-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 8 documents (8 with feedback)" in printed and printed.rstrip().endswith("; label column: labels")
     first = json.loads(out.read_text().splitlines()[0])
-    assert first["labels"] == ["pos"] and "label" not in first and first["predicted"] == ["pos"]
+    assert first["labels"] == rows[0]["labels"] and "label" not in first
+    assert first["predicted"] == [rows[0]["labels"][0]]
 
 
 def test_bad_input_is_one_line(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

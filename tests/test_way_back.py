@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -144,6 +145,9 @@ def test_the_loop_from_traffic_to_a_promoted_retrain(loop: dict) -> None:
               "--export.name", NAME, "--export.faithfulness", "0", "--trainer.max_epochs", "2",
               "--trainer.default_root_dir", str(tmp / "run"), "--model.embeddings", "random")
     assert fit.returncode == 0, fit.stderr[-3000:]
+    # warm-started: production's encoders, attention and head (the same two labels) before the first step
+    assert re.search(r"^warm start: encoders and attention from the stored model, its vectors for [\d,]+ of [\d,]+ "
+                     r"words, kept its head \(same labels\)$", fit.stdout + fit.stderr, re.M), fit.stderr[-3000:]
     new = next(line.rsplit(" ", 1)[1] for line in (fit.stdout + fit.stderr).splitlines()
                if "registered in the BentoML model store as" in line)
     assert model_of(server.url) == loop["production"]  # a new fit is not served until promoted
