@@ -88,6 +88,17 @@ def port_taken(host: str, port: int) -> bool:
     return False
 
 
+def pass_on_stop_signals(child: subprocess.Popen) -> None:
+    """SIGTERM or SIGHUP to this process (``kill``, a service manager, a closed terminal) reaches ``child`` too:
+    a training or a server left running would go on holding the cores or the port."""
+    def forward(signum: int, frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, forward)
+
+
 def train_default_model() -> None:
     """Train and register the quick IMDB model (``han-imdb``) with the project's training CLI."""
     script = Path(sys.executable).with_name("han-train")
@@ -99,6 +110,7 @@ def train_default_model() -> None:
         training = subprocess.Popen(command, cwd=REPO)
     except FileNotFoundError:
         sys.exit("han-train is not installed: run `make install` (or `pip install -e .`) first")
+    pass_on_stop_signals(training)
     try:
         code = training.wait()
     except KeyboardInterrupt:  # Ctrl+C reached han-train too: it stops with its own one line
@@ -144,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             str(Path(args.ssl_keyfile).resolve())) if args.ssl_certfile else ())
     env = {ANONYMOUS_ENV: "1"} if args.allow_anonymous else None
     process = start_server(tag, args.port, host=args.host, env=env, own_session=False, args=tls)  # Ctrl+C too
+    pass_on_stop_signals(process)
     local = f"{scheme}://127.0.0.1:{args.port}" if args.host in ("0.0.0.0", "::") else url
     context = None
     if tls:  # readiness of our own server on this machine: the certificate is the client's to check

@@ -48,8 +48,21 @@ def test_run_serves_a_stored_model_without_training(server, tmp_path):
             assert json.loads(response.read())["tag"] == server.model_tag
         text = log.read_text(errors="replace")
         assert "training" not in text.lower()
+        process.send_signal(signal.SIGTERM)  # `kill PID` of the wrapper alone, as a service manager may
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 30  # its server got the signal too: the port closes
+        while port_answers(port):
+            assert time.monotonic() < deadline, "the server outlived `python -m service.run`"
+            time.sleep(0.5)
     finally:
         stop_process_group(process, timeout=30, sig=signal.SIGINT)
+
+
+def port_answers(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_run_refuses_a_missing_model_it_cannot_train(tmp_path):
