@@ -119,6 +119,8 @@ def train_default_model() -> None:
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             training.kill()
         sys.exit(130)
+    if code in (130, -signal.SIGINT):  # Ctrl+C: han-train has said so in one line (this process may ignore SIGINT)
+        sys.exit(130)
     if code != 0:
         sys.exit(f"training the default model failed (exit status {code})")
 

@@ -188,7 +188,7 @@ def test_serve_with_api_keys(folder: tuple[Path, dict[str, str]]) -> None:
 def _key_commands() -> tuple[str, str, str]:
     """The README's keys example: make a key file, serve with it, ask with a key (the TLS lines apart)."""
     lines = [c for c in commands() if "keys.txt" in c and "ssl" not in c and "https" not in c]
-    make_key = next(c for c in lines if c.startswith("python -c"))
+    make_key = next(c for c in lines if c.startswith(".venv/bin/python -c"))
     serve = next(c for c in lines if "service.run" in c)
     ask = next(c for c in lines if c.startswith("curl"))
     return make_key, serve, ask
