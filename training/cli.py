@@ -30,6 +30,7 @@ from training.export import CheckpointError, ExportModel
 from training.module import HANModule
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
+from training.warm_start import data_language
 
 # --print_config's flags, as jsonargparse reads them (skip_null is its old name for skip_unset).
 PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
@@ -52,6 +53,8 @@ class HANCLI(LightningCLI):
             # last-v1.ckpt beside it, and `test --ckpt_path .../last.ckpt` read the old run's weights).
             "checkpoint.enable_version_counter": False,
         })
+        # Unset (None) until before_instantiate_classes: a warm start's stored model's language, else English.
+        parser.set_defaults({"data.language": None})
         parser.add_lightning_class_args(ExportModel, "export")
         parser.add_class_arguments(SelfTraining, "self_training")
         parser.set_defaults({
@@ -98,8 +101,9 @@ class HANCLI(LightningCLI):
             # Lightning would run the freshly initialised network and write its guesses over a run's reports
             raise DataError(f"han-train {self.subcommand} needs the model to {self.subcommand}: --ckpt_path "
                             "(runs/NAME/checkpoints/last.ckpt, or a model's checkpoint) or --model.init_from")
+        config.data.language, taken = data_language(config.data.language, config.model.get("init_from"))
         before = dict(config.clone().items()) if self.print_flags is not None else {}  # to mark what it fills
-        lines = recipe.apply(config, self.subcommand)
+        lines = [*([taken] if taken else []), *recipe.apply(config, self.subcommand)]
         for line in lines if self.print_flags is None else []:  # else in the printed config's header
             print(line, file=sys.stderr)
         recipe.layout(config, self.subcommand)

@@ -8,12 +8,17 @@ its top label alone: what the teacher is unsure of stays unsure.
 ``han-train fit`` runs both when ``self_training.fraction`` is above 0 and ``data.unlabeled`` is set:
 the teacher's run goes to ``<run>/teacher`` (exported there, not registered), its labels to
 ``<run>/pseudo-labelled.parquet``, and the second fit to ``<run>`` as usual. Validation, calibration,
-the threshold and the test report see human labels only (``data.pseudo_labelled``).
+the threshold and the test report see human labels only (``data.pseudo_labelled``). An unlabelled
+document with the text of a training, validation or test document is left out (``labelled_texts``): a
+file of all the user's text holds the labelled documents too, and a copy of a validation or test
+document in the training split would be measured on as trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +78,16 @@ def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
         raise DataError(f"unlabeled ({data.unlabeled}): no column {data.text_column!r}")
     texts = raw[data.text_column]
     total = len(texts)
+    known = labelled_texts(data)
+    texts = [t for t in texts if _digest(t) not in known]
+    left_out = total - len(texts)
+    if left_out:
+        print(f"self-training: left out {left_out:,} of the {total:,} unlabelled documents: the same text as "
+              "a document of the training, validation or test split (labelled there, and validation and test must "
+              "not be trained on)", file=sys.stderr)
+    if not texts:
+        raise DataError(f"unlabeled ({data.unlabeled}): every document is one of the training, validation or test "
+                        "split's; self-training needs other text")
     if len(texts) > POOL * settings.max_documents:  # labelling millions to keep thousands: a seeded sample
         keep = np.sort(np.random.default_rng(0).choice(len(texts), POOL * settings.max_documents, replace=False))
         texts = [texts[i] for i in keep]
@@ -98,9 +113,31 @@ def pseudo_label(model_dir: Path, config: Any, out: Path) -> dict[str, Any]:
     pq.write_table(table, out)
     return {
         "unlabeled": total,
+        "left_out": left_out,
         "chosen": len(chosen),
         "min_confidence": float(confidence[chosen].min()) if chosen else None,
     }
+
+
+def labelled_texts(data: Any) -> set[bytes]:
+    """Digests of the texts of every document the fit's splits may hold: the training file's (its rows the
+    training split and, without ``data.validation``, the validation split), the validation file's and the
+    test file's, each within ``max_train_docs`` / ``max_eval_docs`` as the data module reads them."""
+    known: set[bytes] = set()
+    for source, limit in ((data.train, data.max_train_docs), (data.validation, data.max_eval_docs),
+                          (data.test, data.max_eval_docs)):
+        if not source:
+            continue
+        raw = load_source(source)
+        if data.text_column not in raw.column_names:  # the fit read it: only a file changed since
+            raise DataError(f"{source}: no column {data.text_column!r}")
+        column = raw[data.text_column] if limit is None else raw.select(range(min(limit, len(raw))))[data.text_column]
+        known.update(_digest(text) for text in column)
+    return known
+
+
+def _digest(text: Any) -> bytes:
+    return hashlib.blake2b(str(text).encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def soft_targets(source: str, texts: list[str], text_column: str, labels: list[str]) -> torch.Tensor | None:

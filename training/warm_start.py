@@ -5,14 +5,20 @@ stored model's encoders and attention, its vectors for the words both vocabulari
 head when the labels are the same (as a set); a new label set gets a new head. Words the stored
 model did not know start from its unknown-word vector, so before any step the new network scores
 every text as the stored model does (when the labels are the same), and training moves on from there.
+
+The run segments its data in the stored model's language unless ``--data.language`` says otherwise
+(``data_language``); a different one stops the run, as its words would share nothing with the model's.
 """
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from han.model import HAN
-from han.saved_model import SavedModel
+from han.saved_model import CONFIG_FILE, SavedModel
+from han.segment import SegmenterConfig
 from han.vocab import Vocabulary
 
 ARCHITECTURE = ("embed_dim", "word_hidden", "sentence_hidden", "attention_dim")
@@ -26,6 +32,39 @@ def load_stored(ref: str) -> SavedModel:
         return model_store.load(ref)
     except model_store.ModelNotFoundError as e:
         raise ValueError(f"model.init_from: {e}") from None
+
+
+def stored_language(ref: str) -> str:
+    """The language a stored model segments in (its config's ``segmenter.language``), without its tensors."""
+    import model_store
+
+    try:
+        directory = model_store.model_path(ref)
+    except model_store.ModelNotFoundError as e:
+        raise ValueError(f"model.init_from: {e}") from None
+    try:
+        language = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8")).get("segmenter", {})["language"]
+    except KeyError:  # a model saved without one: the segmenter's default
+        return SegmenterConfig().language
+    except (OSError, ValueError, AttributeError, TypeError):
+        return load_stored(ref).segmenter.language  # a broken model directory: its loader's one-line error
+    return str(language)
+
+
+def data_language(language: str | None, init_from: str | None) -> tuple[str, str | None]:
+    """The data's language (``--data.language``, None when not given) for a run warm-started from
+    ``init_from`` (or not: None), and a line to log when it comes from the stored model. A given
+    language other than the stored model's raises ValueError: a warm start across languages reuses nothing."""
+    if not init_from:
+        return language or SegmenterConfig().language, None
+    stored = stored_language(init_from)
+    if language is None:
+        return stored, f"data.language={stored}: the language of the stored model (model.init_from {init_from})"
+    if language != stored:
+        raise ValueError(f"model.init_from: the stored model ({init_from}) is in language {stored!r}, this run's "
+                         f"data.language is {language!r}; a warm start across languages reuses nothing (start "
+                         f"without model.init_from, or drop data.language to take {stored!r})")
+    return language, None
 
 
 @torch.no_grad()
