@@ -19,7 +19,7 @@ from han.vocab import Vocabulary
 from training import ngram_teacher, tokenise
 from training.batches import EncodedDocuments, FlatWriter, LabelledTexts, LengthBucketSampler, collate_examples
 from training.self_training import soft_targets
-from training.sources import DataError, load_source, refuse_missing_values
+from training.sources import DataError, csv_label_lists, load_source, refuse_missing_values
 from training.splits import stable_holdout
 
 SPLIT_COLUMN = "split"  # a training file's rows marked validation here are the validation split
@@ -276,6 +276,7 @@ class HANDataModule(pl.LightningDataModule):
         )
         if len(result) == 0:
             raise DataError(f"{split} ({source}): no non-empty documents")
+        tokenise.report_wordless(split, source, len(raw), result.with_format("numpy")["row"])
         return result
 
     def _raw(self, split: str, source: str, limit: int | None, labelled: bool) -> datasets.Dataset:
@@ -292,6 +293,8 @@ class HANDataModule(pl.LightningDataModule):
         if limit is not None:
             raw = raw.select(range(min(limit, len(raw))))
         raw = raw.select_columns(list(needed))
+        if labelled and self.multi_label:  # a CSV's lists, as han-score and pandas write them
+            raw = csv_label_lists(raw, source, hp.label_column)
         refuse_missing_values(raw, split, source, hp.text_column, hp.label_column if labelled else None,
                                "a list" if self.multi_label else "a string or an integer")
         return raw
@@ -312,6 +315,7 @@ class HANDataModule(pl.LightningDataModule):
             start += len(texts)
         if not kept["text"]:
             raise DataError(f"{split} ({source}): no non-empty documents")
+        tokenise.report_wordless(split, source, len(raw), kept["row"])
         return datasets.Dataset.from_dict(kept)
 
     def _cache_key(self, source: str, raw: datasets.Dataset, limit: int | None) -> str:
@@ -329,8 +333,7 @@ class HANDataModule(pl.LightningDataModule):
         return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()[:16]
 
     def _collect_labels(self, train: datasets.Dataset) -> list[str]:
-        seen = {label for target in train["target"] for label in target}
-        return sorted(seen, key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x))
+        return tokenise.label_order({label for target in train["target"] for label in target})
 
     def _carve_validation(self, train: datasets.Dataset) -> tuple[datasets.Dataset, datasets.Dataset]:
         marked = self._marked_validation()

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from han.segment import LanguageError, check_language
 from training.hashed_ngrams import BUCKETS
 from training.self_training import teaching
-from training.sources import DataError, load_source
+from training.sources import DataError, csv_label_lists, load_source
 from training.word_vectors import AUTO, BUILD, GLOVE, glove_installed, resolve_embed_dim
 
 SHORT_TEXT_WORDS = 40  # median words a document under which the data counts as short texts
@@ -72,6 +72,8 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
                             f"(set data.text_column / data.label_column)")
     if max_train_docs is not None:
         raw = raw.select(range(min(max_train_docs, len(raw))))
+    if multi_label is not False:  # a CSV whose label cells are lists (["a", "b"], ['a', 'b']) is multi-label
+        raw = csv_label_lists(raw, train, label_column)
     table = raw.with_format("arrow")[:]
     labels = table.column(label_column)
     if isinstance(labels.type, pa.BaseExtensionType):  # values of several kinds, which datasets keeps as JSON

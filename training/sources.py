@@ -18,7 +18,7 @@ class DataError(ValueError):
 def load_source(source: str, csv_cells_as_text: bool = True) -> datasets.Dataset:
     """Load one split.
 
-    ``source`` is a Parquet/CSV/JSON Lines file, a folder with one sub-folder of ``.txt`` files per
+    ``source`` is a Parquet/CSV/JSON Lines file, a folder with one sub-folder of ``.txt`` (any case) files per
     class (scikit-learn's ``load_files`` layout; columns ``text`` and ``label``), or a Hugging Face
     dataset name with an optional ``:split`` suffix (``stanfordnlp/imdb:test``; default ``train``),
     which needs the hub or a local cache. A CSV's cells are read as written (as han-score reads them):
@@ -62,6 +62,9 @@ def _csv_text_options(path: Path) -> dict:
             header = next(csv.reader(f), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return {}  # the read itself says what is wrong
+    # pandas names a column without a header cell (``df.to_csv``'s index, an Excel export's trailing comma)
+    # "Unnamed: <position>", as han-score reads it: declared so here too, the column is kept and ignored
+    header = [c if c else f"Unnamed: {i}" for i, c in enumerate(header)]
     if not header or len(set(header)) != len(header):
         return {}
     return {"keep_default_na": False, "na_values": [""],
@@ -75,7 +78,7 @@ def _load_folder(path: Path) -> datasets.Dataset:
     texts: list[str] = []
     labels: list[str] = []
     for folder in classes:
-        for file in sorted(folder.glob("*.txt")):
+        for file in sorted(f for f in folder.iterdir() if f.suffix.lower() == ".txt" and f.is_file()):
             try:
                 texts.append(file.read_text(encoding="utf-8"))
             except UnicodeDecodeError:
@@ -118,12 +121,73 @@ def refuse_missing_values(
     raw: datasets.Dataset, split: str, source: str, text: str, label: str | None, label_kind: str
 ) -> None:
     """A missing text or label is named here, by its row, before tokenising: raised in a tokenising
-    process instead, it can leave the process pool hanging on its way out (datasets' ``map``)."""
+    process instead, it can leave the process pool hanging on its way out (datasets' ``map``). So is an
+    empty or whitespace-only label, and a missing or empty one in a list of labels, in every format (a
+    CSV's empty cell is a missing value)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     table = raw.with_format("arrow")[:]  # a zero-copy slice unless rows were selected
+    empty = "the label is empty; give every label a name"  # a CSV's empty cell, as a JSON or Parquet ""
     for column, what in ((text, "the text is NoneType, not a string"),
-                         (label, f"a label must be {label_kind}, not None")):
+                         (label, empty if Path(source).suffix.lower() == ".csv" else
+                          f"a label must be {label_kind}, not None")):
         if column is not None and table.column(column).null_count:
             row = pc.index(pc.is_null(table.column(column)), True).as_py()
             raise DataError(f"{split} ({source}) row {row}: {what}")
+    if label is None:
+        return
+    values = table.column(label).combine_chunks()
+    is_list = pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
+    items = pc.list_flatten(values) if is_list else values
+    if pa.types.is_null(items.type):
+        items = items.cast(pa.string())
+    if not (pa.types.is_string(items.type) or pa.types.is_large_string(items.type)):
+        return  # integers, or values of several kinds (which the tokeniser names)
+    bad = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(items), ""), True) if len(items) else None
+    if bad is None or not pc.any(bad).as_py():
+        return
+    first = pc.index(bad, True).as_py()
+    row = pc.list_parent_indices(values)[first].as_py() if is_list else first
+    what = empty if not is_list else \
+        f"the label list holds {'None' if items[first].as_py() is None else 'an empty label'}; give every label a name"
+    raise DataError(f"{split} ({source}) row {row}: {what}")
+
+
+def csv_label_lists(raw: datasets.Dataset, source: str, column: str) -> datasets.Dataset:
+    """A CSV's label column as lists (multi-label) where every non-empty cell is a list written as JSON
+    (``["bop", "trade"]``, as han-score writes it) or as Python prints it (``['bop', 'trade']``, pandas'
+    ``to_csv``); otherwise ``raw`` as it is. Items are read as strings (an integer as its digits)."""
+    import ast
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if Path(source).suffix.lower() != ".csv" or column not in raw.column_names:
+        return raw
+    table = raw.with_format("arrow")[:]
+    cells = table.column(column)
+    if not pa.types.is_string(cells.type) or cells.null_count == len(cells):
+        return raw
+    if not pc.all(pc.starts_with(pc.utf8_trim_whitespace(cells.drop_null()), "[")).as_py():
+        return raw
+    lists: list[list[str | None] | None] = []
+    for cell in cells.to_pylist():
+        if cell is None:
+            lists.append(None)
+            continue
+        try:
+            value = json.loads(cell)
+        except ValueError:
+            try:
+                value = ast.literal_eval(cell.strip())
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return raw
+        if not isinstance(value, list) or not all(v is None or isinstance(v, (str, int)) for v in value):
+            return raw
+        lists.append([None if v is None else str(v) for v in value])
+    parsed = pa.array(lists, type=pa.list_(pa.string()))
+    from datasets.table import InMemoryTable
+
+    return datasets.Dataset(InMemoryTable(table.set_column(table.column_names.index(column), column, parsed)))

@@ -5,7 +5,9 @@ decided by a hash of its text (salted with the seed) rather than by a draw over 
 labelled set grows between rounds, a document keeps its side, so a fit warm-started from the last
 round's model (``--model.init_from``: han-label's rounds, the way back's retrain) is not validated on
 documents that model trained on. In each class the documents with the lowest hashes are held out; only
-those at a class's boundary can change sides as the set grows.
+those at a class's boundary can change sides as the set grows. Every class keeps a document for training:
+a class with one document is never held out, and a rare class holds out at most all but one (a class with
+one document no longer turns stratification off for the others, which could hold out a class entirely).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,12 +23,10 @@ import numpy as np
 def stable_holdout(texts: Sequence[str], classes: Sequence[str] | None, fraction: float, seed: int
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(kept for training, held out): sorted row numbers. ``classes``: each row's label, or None
-    (multi-label data) for no stratification; a class with one document turns it off, as in scikit-learn."""
+    (multi-label data) for no stratification; a class with one document stays in training."""
     salt = str(seed).encode()
     keys = np.array([int.from_bytes(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8,
                                                     key=salt).digest(), "big") for t in texts], dtype=np.uint64)
-    if classes is not None and min(Counter(classes).values()) < 2:
-        classes = None
     everything = np.arange(len(texts))
     groups = [everything] if classes is None else \
         [np.flatnonzero(np.asarray(classes) == c) for c in sorted(set(classes))]

@@ -6,6 +6,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import numpy as np
+from pytorch_lightning.utilities import rank_zero_info
+
 from han.environment import usable_cores
 from han.segment import Segmenter, SegmenterConfig
 from training.sources import DataError
@@ -53,6 +56,24 @@ def tokenise_batch(
     return {"text": kept, "keys": keys, "target": targets, "row": rows}
 
 
+def report_wordless(split: str, source: str, total: int, kept: Any) -> None:
+    """One log line for a split's rows left out for having no word (only spaces, markup, control
+    characters; a present text, unlike a missing one): their count and first rows. ``kept``: the rows kept."""
+    if len(kept) == total or not len(kept):
+        return
+    left = np.setdiff1d(np.arange(total), np.asarray(kept))
+    first = ", ".join(map(str, left[:5].tolist())) + (", ..." if len(left) > 5 else "")
+    rank_zero_info(f"{split} ({source}): {len(left):,} of {total:,} rows have no word and are left out (rows {first})")
+
+
+def label_order(labels: set[str]) -> list[str]:
+    """Integer labels (ASCII digits, an optional minus) in numeric order first, then the rest sorted."""
+    def key(x: str) -> tuple[bool, int, str]:
+        number = x.isascii() and x.removeprefix("-").isdecimal()
+        return not number, int(x) if number else 0, x
+    return sorted(labels, key=key)
+
+
 def require_text(text: Any, row: int, split: str, source: str) -> str:
     """The document's text, or a DataError naming its row in the file."""
     if not isinstance(text, str):
@@ -61,11 +82,19 @@ def require_text(text: Any, row: int, split: str, source: str) -> str:
 
 
 def label_strings(label: Any, multi_label: bool, split: str, source: str, row: int | None = None) -> list[str]:
+    """The document's labels as strings; an empty or whitespace-only label, or a missing one in a list, is
+    a DataError naming its row (``sources.refuse_missing_values`` names most before tokenising)."""
     where = f"{split} ({source})" + ("" if row is None else f" row {row}")
     if multi_label:
         if not isinstance(label, (list, tuple)):
             raise DataError(f"{where}: multi_label is set but the label is {type(label).__name__}, not a list")
+        for x in label:
+            if x is None or not str(x).strip():
+                raise DataError(f"{where}: the label list holds {'None' if x is None else 'an empty label'}; "
+                                "give every label a name")
         return [str(x) for x in label]
     if label is None or isinstance(label, (list, tuple, dict)):
         raise DataError(f"{where}: a label must be a string or an integer, not {label!r}")
+    if not str(label).strip():
+        raise DataError(f"{where}: the label is empty; give every label a name")
     return [str(label)]
