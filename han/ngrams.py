@@ -7,8 +7,8 @@ exported model keeps it as this head, and every caller's scores become
 ``han_share * HAN + (1 - han_share) * head``.
 
 It computes exactly what scikit-learn's ``TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)``
-and ``LogisticRegression.predict_proba`` compute, without scikit-learn: lowercase, the default token
-pattern, ``1 + log(count)`` times the idf, L2-normalised, then a softmax of the linear layer (a
+and ``LogisticRegression.predict_proba`` compute, without scikit-learn: lowercase, the token pattern
+(``TOKEN``), ``1 + log(count)`` times the idf, L2-normalised, then a softmax of the linear layer (a
 sigmoid per label for multi-label data, one-vs-rest). The n-grams are kept as sorted 64-bit hashes,
 so the head is plain arrays (no word list to load); a hashed head (training.hashed_ngrams) keeps
 their buckets instead, a table of fixed size whatever the corpus.
@@ -27,7 +27,14 @@ from safetensors.numpy import load_file, save_file
 
 from han.results import NgramWeight
 
-TOKEN = re.compile(r"(?u)\b\w\w+\b")  # scikit-learn's default token pattern
+# Scripts written without spaces between words (Thai, Japanese kana, CJK ideographs, half-width katakana):
+# each character is a token, so their 1-2 grams are characters and character pairs, as TF-IDF over such
+# text is usually built; a whole clause as one token would match nothing it had not seen word for word.
+# Elsewhere scikit-learn's default pattern: a run of two or more word characters (the same tokens).
+UNSPACED = "\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+TOKEN = re.compile(rf"(?u)[{UNSPACED}]|(?:(?![{UNSPACED}])\w){{2,}}")
+TOKEN_BEFORE_UNSPACED = re.compile(r"(?u)\b\w\w+\b")  # heads saved before 2026-11-29 (no "tokens" entry)
+TOKENS_VERSION = 2
 MIX = np.uint64(0x9E3779B97F4A7C15)  # a bigram's hash: first * MIX + second (mod 2**64)
 TOP_NGRAMS = 5
 
@@ -48,10 +55,12 @@ class NgramHasher:
     fastText's and Vowpal Wabbit's scheme: a fixed table whatever the corpus). Keeps each token's hash
     (a miss costs one blake2b) up to about 8 MB."""
 
-    def __init__(self, buckets: int = 0) -> None:
+    def __init__(self, buckets: int = 0, tokens: int = TOKENS_VERSION) -> None:
         if buckets < 0:
             raise ValueError(f"buckets must be 0 (exact hashes) or positive, not {buckets}")
         self.buckets = int(buckets)
+        self.tokens_version = tokens
+        self.pattern = TOKEN if tokens == TOKENS_VERSION else TOKEN_BEFORE_UNSPACED
         self._hashes: dict[str, int] = {}
 
     def release_cache(self) -> None:
@@ -75,7 +84,7 @@ class NgramHasher:
 
     def tokens(self, text: str) -> tuple[list[str], np.ndarray]:
         """A document's tokens and the keys of its 1-grams then 2-grams (``ngram_hashes``' order)."""
-        tokens = TOKEN.findall(text.lower())
+        tokens = self.pattern.findall(text.lower())
         return tokens, self.keyed(ngram_hashes(np.array(self.token_hashes(tokens), dtype=np.uint64)))
 
     def grams(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +100,7 @@ class NgramHasher:
         lengths: list[int] = []
         words: list[str] = []
         for text in texts:
-            tokens = TOKEN.findall(text.lower())
+            tokens = self.pattern.findall(text.lower())
             hashes += self.token_hashes(tokens)
             lengths.append(len(tokens))
             if keep_tokens:
@@ -171,7 +180,7 @@ class NgramHead:
     FILE = "ngram_head.safetensors"
 
     def __init__(self, keys: np.ndarray, idf: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
-                 han_share: float, multi_label: bool = False, buckets: int = 0) -> None:
+                 han_share: float, multi_label: bool = False, buckets: int = 0, tokens: int = TOKENS_VERSION) -> None:
         if not (keys.ndim == 1 and idf.shape == keys.shape and coef.ndim == 2 and coef.shape[1] == len(keys)
                 and intercept.shape == (coef.shape[0],)):
             raise ValueError(f"mismatched n-gram head arrays: keys {keys.shape}, idf {idf.shape}, "
@@ -186,7 +195,7 @@ class NgramHead:
         self.intercept = intercept.astype(np.float64)
         self.han_share = float(han_share)
         self.multi_label = multi_label
-        self.hasher = NgramHasher(buckets)
+        self.hasher = NgramHasher(buckets, tokens)
         if buckets and len(self.keys) and int(self.keys[-1]) >= buckets:
             raise ValueError(f"the n-gram head's keys do not fit its {buckets} buckets")
         self.column_of = column_map(self.keys, buckets) if buckets else None
@@ -293,8 +302,9 @@ class NgramHead:
         arrays = {"keys": self.keys.view(np.int64), "idf": self.idf, "coef": self.coef, "intercept": self.intercept}
         if self.buckets:  # a hashed head; without the entry (the models before it) keys are exact hashes
             arrays["buckets"] = np.array([self.buckets])
+        arrays["tokens"] = np.array([self.hasher.tokens_version])  # without it: TOKEN_BEFORE_UNSPACED
         # C order: safetensors writes the buffer as it lies (a column-indexed copy is Fortran-ordered)
-        arrays = {k: np.ascontiguousarray(v, dtype=np.int64 if k in ("keys", "buckets") else np.float64)
+        arrays = {k: np.ascontiguousarray(v, dtype=np.int64 if k in ("keys", "buckets", "tokens") else np.float64)
                   for k, v in arrays.items()}
         save_file(arrays, str(directory / self.FILE))
 
@@ -303,8 +313,9 @@ class NgramHead:
         """The head ``save`` wrote; the share and the task come from the model's config."""
         arrays = load_file(str(directory / cls.FILE))
         buckets = int(arrays["buckets"][0]) if "buckets" in arrays else 0
+        tokens = int(arrays["tokens"][0]) if "tokens" in arrays else 1
         return cls(arrays["keys"].view(np.uint64), arrays["idf"], arrays["coef"], arrays["intercept"], han_share,
-                   multi_label, buckets)
+                   multi_label, buckets, tokens)
 
     @property
     def nbytes(self) -> int:

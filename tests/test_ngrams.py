@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from han import Pipeline, SavedModel
-from han.ngrams import NgramHead
+from han.ngrams import TOKEN, TOKEN_BEFORE_UNSPACED, NgramHasher, NgramHead
 from han.pipeline import TopK
 from han.saved_model import ModelDirectoryError
 from tests.tiny_model import read_jsonl
@@ -61,7 +61,7 @@ def test_the_head_computes_what_scikit_learn_computes(shared_datasets: Path, nam
     reading = head.read(scored, evidence=True, chunk=7)
     np.testing.assert_allclose(reading.probs, full, atol=1e-9)
     for k, text in enumerate(scored):
-        words = re.findall(r"(?u)\b\w\w+\b", text.lower())
+        words = TOKEN.findall(text.lower())
         grams = set(words) | {f"{a} {b}" for a, b in pairwise(words)}
         for label in range(len(labels)):
             evidence = head.evidence_of(reading, k, label)
@@ -243,3 +243,31 @@ def test_a_signed_explanation_explains_the_averaged_label_and_the_head_reads_wha
     cap = saved.segmenter.max_chars
     long = texts[0] + " " * (cap - len(texts[0])) + " awful terrible dull" * 2000  # past the HAN's cut
     assert mixed([long])[0].scores == mixed([long[:cap]])[0].scores and mixed([long])[0].truncated
+
+
+def test_unspaced_scripts_are_read_by_character_and_other_text_as_before(tmp_path: Path) -> None:
+    """Chinese, Japanese and Thai have no spaces between words: their characters are the tokens, so a new
+    sentence shares 1-2 grams with the training text; any other text gives scikit-learn's default tokens, and
+    a head saved before (no ``tokens`` entry) reads as it did."""
+    assert TOKEN.findall("我喜欢这部电影，真好看！") == list("我喜欢这部电影真好看")
+    assert TOKEN.findall("東京タワーでbig tower 見た") == [*"東京タワーで", "big", "tower", *"見た"]
+    for row in read_jsonl("reviews.jsonl") + [{"text": t} for t in ODD if not re.search("[\u4e00-\u9fff]", t)]:
+        assert TOKEN.findall(row["text"].lower()) == TOKEN_BEFORE_UNSPACED.findall(row["text"].lower())
+    texts = ["这部电影很好看", "演员的表演很精彩", "故事太无聊了", "这部电影很难看", "剧情拖沓无聊",
+             "表演很精彩好看"] * 3
+    targets = np.array([1, 1, 0, 0, 0, 1] * 3)
+    head = head_from_baseline(train_baseline(texts, targets, multi_label=False), 2)
+    new = "这个故事很无聊"  # no clause of it was seen whole, its characters and pairs were
+    baseline = train_baseline(texts, targets, multi_label=False)
+    np.testing.assert_allclose(head.probabilities([new]), baseline.classifier.predict_proba(
+        baseline.vectorizer.transform([new])), atol=1e-9)
+    assert {n.text for n in head.evidence(new, 0, top=10**9)} >= {"无", "聊", "无 聊"}
+    head.save(tmp_path)
+    assert NgramHead.load(tmp_path, 0.5, False).hasher.pattern is TOKEN
+    from safetensors.numpy import load_file, save_file
+
+    arrays = load_file(str(tmp_path / NgramHead.FILE))
+    del arrays["tokens"]  # as a head saved before
+    save_file(arrays, str(tmp_path / NgramHead.FILE))
+    assert NgramHead.load(tmp_path, 0.5, False).hasher.pattern is TOKEN_BEFORE_UNSPACED
+    assert NgramHasher(tokens=1).tokens(new)[0] == ["这个故事很无聊"]

@@ -21,6 +21,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.multiclass import OneVsRestClassifier
 
+from han.ngrams import TOKEN
 from training.hashed_ngrams import HashedTfidf, StreamedRegression
 from training.progress import Step
 from training.recipe import ngram_buckets
@@ -80,7 +81,7 @@ def train_baseline(texts: Sequence[str], targets: np.ndarray, multi_label: bool,
         classifier = StreamedRegression(C, multi_label, labels).fit(vectorizer, texts, targets.astype(int))
         baseline = Baseline(vectorizer, classifier, multi_label)
         return _with_threshold(baseline, validation, threshold)
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=min_df)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=min_df, token_pattern=TOKEN.pattern)
     features = vectorizer.fit_transform(texts)
     regression = LogisticRegression(C=C, max_iter=2000)
     with warnings.catch_warnings():  # a label no training document has is predicted constant (expected);
