@@ -280,10 +280,12 @@ def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> tuple[Any, i
     from labeling.pool import WINDOW, text_hash
 
     keep, seen, copies = [], set(), 0
+    named: dict[str, tuple[int, str | None]] = {}  # each id's first row and its text's hash
     for start in range(0, len(pool), WINDOW):
         batch = pool.table[start: start + WINDOW]
         for k, (doc, text) in enumerate(zip(batch["id"], batch["text"], strict=True)):
             digest = text_hash(text) if isinstance(text, str) else None
+            _one_text_per_id(pool, named, doc, start + k, digest)
             if doc in ids or digest in hashes:
                 continue
             if digest is not None and digest in seen:
@@ -292,6 +294,19 @@ def _unlabelled_rows(pool: Any, ids: set[str], hashes: set[str]) -> tuple[Any, i
             seen.add(digest)
             keep.append(start + k)
     return np.array(keep, dtype=np.int64), copies
+
+
+def _one_text_per_id(pool: Any, named: dict[str, tuple[int, str | None]], doc: Any, row: int,
+                     digest: str | None) -> None:
+    """Refuse an id that names two different texts: the tasks, the imported labels and ``--labelled`` know
+    a document by its id, and would take one for the other. An id on the same text again is that
+    document once more (a copy, chosen once); a row without an id (a log's hashed documents) names none."""
+    if doc is None or doc == "":
+        return
+    first = named.setdefault(doc, (row, digest))
+    if first[1] != digest:
+        raise LabelError(f"{pool.name}: id {doc!r} names two different texts (rows {first[0]} and {row}): "
+                         "each id must name one document (see --id-column; without an id column, ids are row-N)")
 
 
 def _doc_id(pool: Any, row: int) -> str:
@@ -349,7 +364,7 @@ def run_import(args: argparse.Namespace) -> int:
     if got.seen_labels and not got.seen_labels & set(labels):
         raise LabelError(f"{export}: its labels ({', '.join(sorted(got.seen_labels))}) are none of the model's "
                          f"({', '.join(labels)}): an export of another project?")
-    for p in got.problems:
+    for p in got.problems + got.notices:
         print(f"han-label: {export}: {p.where}: {p.what}", file=sys.stderr)
     if not got.rows:
         raise LabelError(f"{export}: no annotated task to import ({len(got.problems)} left out, listed above)")
@@ -357,7 +372,9 @@ def run_import(args: argparse.Namespace) -> int:
         raise LabelError(f"OUT {out}: a multi-label model's labels need .jsonl or .parquet, not CSV")
     write_rows(out, got.rows)
     print(f"han-label: {len(got.rows):,} labelled documents -> {out}"
-          + (f"; {len(got.problems):,} tasks left out (listed above)" if got.problems else ""), file=sys.stderr)
+          + (f"; {len(got.problems):,} tasks left out (listed above)" if got.problems else "")
+          + (f"; {len(got.notices):,} tasks share a document id with another text (listed above)"
+             if got.notices else ""), file=sys.stderr)
     return 0
 
 

@@ -68,7 +68,8 @@ class Problem:
 @dataclass
 class Labelled:
     rows: list[dict[str, Any]] = field(default_factory=list)  # id, text, label(s)
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # tasks left out
+    notices: list[Problem] = field(default_factory=list)  # tasks imported, with something to say
     seen_labels: set[str] = field(default_factory=set)
 
 
@@ -106,15 +107,21 @@ def _csv_records(path: Path) -> list[dict[str, Any]]:
         raise ExportError(f"{path}: not a readable CSV file ({e})") from None
 
 
+def _doc(value: Any) -> str | None:
+    """A document id as text (an id 0 is one), None where there is none."""
+    return None if value is None or value == "" else str(value)
+
+
 def _where(task_id: Any, doc_id: Any) -> str:
     return f"task {task_id}" + (f" (document {doc_id})" if doc_id not in (None, "") else "")
 
 
 def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi_label: bool) -> Labelled:
-    """Each document once: the tasks of one document (imported twice, say) pool their annotations, so that
-    two that disagree are reported, not written as two rows with two labels."""
+    """Each document once: the tasks of one document (its id and its text: imported twice, say) pool their
+    annotations, so that two that disagree are reported, not written as two rows with two labels."""
     out = Labelled()
-    by_doc: dict[str, tuple[str, dict[str, Any], set[tuple[str, ...]], bool]] = {}
+    by_doc: dict[tuple[str, str], tuple[str, dict[str, Any], set[tuple[str, ...]], bool]] = {}
+    texts = _Texts()
     for k, t in enumerate(tasks, 1):
         data = t.get("data")
         if not isinstance(data, dict) or not isinstance(data.get(TEXT), str):
@@ -125,24 +132,45 @@ def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi
             if not isinstance(a, dict) or a.get("was_cancelled"):
                 continue
             chosen = _choices(a.get("result"))
-            if chosen:
+            if chosen or (chosen is not None and multi_label):  # submitted with no label: a multi-label "none"
                 answers.append(tuple(sorted(chosen)))
         skipped = any(isinstance(a, dict) and a.get("was_cancelled") for a in t.get("annotations") or [])
-        doc = str(data.get(DOC_ID) or f"task {t.get('id', k)}")
-        first_where, first_data, pooled, any_skipped = by_doc.get(doc, (where, data, set(), False))
-        by_doc[doc] = (first_where, first_data, pooled | set(answers), any_skipped or skipped)
+        key = (_doc(data.get(DOC_ID)) or f"task {t.get('id', k)}", data[TEXT])
+        texts.note(out, key, where, t.get("id", k))
+        first_where, first_data, pooled, any_skipped = by_doc.get(key, (where, data, set(), False))
+        by_doc[key] = (first_where, first_data, pooled | set(answers), any_skipped or skipped)
     for where, data, answers, skipped in by_doc.values():
         _add(out, where, data, answers, labels, multi_label, skipped)
     return out
 
 
-def _choices(result: Any) -> list[str]:
+class _Texts:
+    """The first task of each document id, to report a task whose id names another text than an earlier
+    task's (a pool whose ids repeat): it is a document of its own, not pooled with the other."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[str, Any]] = {}  # id -> (its first text, that task's number)
+
+    def note(self, out: Labelled, key: tuple[str, str], where: str, task_id: Any) -> None:
+        doc, text = key
+        first_text, first_task = self.first.setdefault(doc, (text, task_id))
+        if first_text != text:
+            out.notices.append(Problem(where, f"its document id {doc} is also task {first_task}'s, "
+                                              "with another text: imported as a document of its own (each id "
+                                              "should name one document: han-label next --labelled leaves "
+                                              "documents out by id)"))
+
+
+def _choices(result: Any) -> list[str] | None:
     """An annotation's chosen labels: its ``choices`` results named ``CHOICES``, else those of the one
-    ``choices`` tag it has under another name (a project set up with its own labelling config)."""
+    ``choices`` tag it has under another name (a project set up with its own labelling config); [] where
+    it chose none (submitted with no choice); None where it has choices under several other names."""
     results = [r for r in result or [] if isinstance(r, dict) and r.get("type", "choices") == "choices"]
     named = [r for r in results if r.get("from_name") == CHOICES]
     if not named and len({r.get("from_name") for r in results}) == 1:
         named = results
+    if not named and results:
+        return None  # which tag is the label?
     return [c for r in named for c in (r.get("value") or {}).get("choices") or [] if isinstance(c, str)]
 
 
@@ -156,23 +184,25 @@ def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], mult
         raise ExportError(f"{path}: no {row_word} has a '{CHOICES}' field (fields: {', '.join(map(str, records[0]))}):"
                           f" nothing is annotated, or the project's Choices tag has another name (han-label next's"
                           f" label config names it '{CHOICES}')")
-    by_doc: dict[str, tuple[str, dict[str, Any], set[tuple[str, ...]]]] = {}
-    order: list[str] = []
+    by_doc: dict[tuple[str, str], tuple[str, dict[str, Any], set[tuple[str, ...]]]] = {}
+    texts = _Texts()
     for k, r in enumerate(records, first):
         if not isinstance(r.get(TEXT), str):
             raise ExportError(f"{path}: {row_word} {k}: no '{TEXT}' field: not an export of han-label's tasks")
         chosen = _min_choices(r.get(CHOICES))
         if chosen is None:
             raise ExportError(f"{path}: {row_word} {k}: '{CHOICES}' is {r.get(CHOICES)!r}, not a label or labels")
-        doc = str(r.get(DOC_ID) or r.get("id") or k)
-        if doc not in by_doc:
-            by_doc[doc] = (_where(r.get("id", k), r.get(DOC_ID)), r, set())
-            order.append(doc)
-        if chosen:
-            by_doc[doc][2].add(tuple(sorted(chosen)))
-    for doc in order:
-        where, r, answers = by_doc[doc]
-        _add(out, where, r, answers, labels, multi_label, skipped=not answers)
+        key = (_doc(r.get(DOC_ID)) or _doc(r.get("id")) or str(k), r[TEXT])
+        if key not in by_doc:
+            where = _where(r.get("id", k), r.get(DOC_ID))
+            texts.note(out, key, where, r.get("id", k))
+            by_doc[key] = (where, r, set())
+        # a record per annotation; a task never annotated has one with annotation_id null (CSV: empty)
+        annotated = r.get("annotation_id", 0) not in (None, "")
+        if chosen or (multi_label and annotated):  # submitted with no label: a multi-label "none"
+            by_doc[key][2].add(tuple(sorted(chosen)))
+    for where, r, answers in by_doc.values():
+        _add(out, where, r, answers, labels, multi_label, skipped=False)  # a cancelled annotation has no record
     return out
 
 
@@ -201,7 +231,7 @@ def _add(out: Labelled, where: str, data: dict[str, Any], answers: set[tuple[str
         out.problems.append(Problem(where, "skipped: no annotation" + why))
         return
     if len(answers) > 1:
-        shown = "; ".join(", ".join(a) for a in sorted(answers))
+        shown = "; ".join(", ".join(a) or "no label" for a in sorted(answers))
         out.problems.append(Problem(where, f"left out: its annotators disagree ({shown})"))
         return
     chosen = list(next(iter(answers)))
@@ -215,7 +245,7 @@ def _add(out: Labelled, where: str, data: dict[str, Any], answers: set[tuple[str
         shown = ", ".join(chosen)
         out.problems.append(Problem(where, f"left out: {len(chosen)} labels ({shown}) for a single-label model"))
         return
-    row: dict[str, Any] = {"id": str(data.get(DOC_ID) or ""), "text": data[TEXT]}
+    row: dict[str, Any] = {"id": _doc(data.get(DOC_ID)) or "", "text": data[TEXT]}
     row["labels" if multi_label else "label"] = chosen if multi_label else chosen[0]
     if data.get(SPLIT) == "validation":  # han-label next's random holdout: han-train fit validates on it
         row[SPLIT] = "validation"

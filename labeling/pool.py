@@ -78,9 +78,17 @@ def open_file(source: str, text_column: str, id_column: str | None, label_column
     table = table.select_columns(list(keep)).rename_columns({k: v for k, v in keep.items() if k != v})
     if id_column is None:
         table = table.add_column("id", [f"row-{i}" for i in range(len(table))])
+    elif getattr(table.features["id"], "dtype", None) is None:  # JSON Lines ids of mixed types (1 and "A-2")
+        table = table.remove_columns("id").add_column("id", _ids_as_text(table["id"]))
     elif table.features["id"].dtype != "string":
         table = table.cast_column("id", _string_feature())
     return Pool(source, table, "label" if label_column else None)
+
+
+def _ids_as_text(ids: Any) -> list[str | None]:
+    """A column of ids of mixed JSON types (``datasets`` reads it as ``Json``) as text, as han-score's Parquet
+    output writes such a column (``str``): 1 -> "1", "A-2" as it is, a missing id missing."""
+    return [None if v is None else str(v) for v in ids]
 
 
 def open_log(name: str, since: Any = None, store: str | None = None) -> Pool:

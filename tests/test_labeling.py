@@ -364,6 +364,74 @@ def test_import_reads_json_min_and_csv_exports(tiny_model_dir: Path, tmp_path: P
         assert "d1" in (tmp_path / f"bom-{export.stem}.jsonl").read_text()
 
 
+def test_import_reads_a_multi_label_annotation_with_no_label_as_labels_none(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """An annotator of a multi-label project who submits no choice says "none of these topics": labels [],
+    which han-train reads, not "skipped" (the document came back in the next round's queue). The three
+    exports as Label Studio writes them (its converter: JSON-min and CSV have a record per annotation, a
+    task never annotated has one with annotation_id null, a cancelled one none). A single-label model's
+    document needs a label: there it stays left out, one line."""
+    from tests.tiny_model import train_tiny_model
+
+    multi = train_tiny_model(multi_label=True, steps=1)[0].save(tmp_path / "multi")
+    span = [{"from_name": "evidence", "to_name": "text", "type": "labels",
+             "value": {"start": 0, "end": 4, "text": "Oil.", "labels": ["evidence"]}}]
+    tasks = [
+        {"id": 1, "data": {"text": "Oil.", "doc_id": "d1"}, "annotations": [{"id": 11, "result": []}]},
+        {"id": 2, "data": {"text": "Wheat.", "doc_id": "d2"}, "annotations": [{"id": 12, "result": span}]},
+        {"id": 3, "data": {"text": "Both.", "doc_id": "d3"}, "annotations": [{"id": 13, "result": _choice(
+            "crude", "grain")}]},
+        {"id": 4, "data": {"text": "Unseen.", "doc_id": "d4"}, "annotations": []},
+        {"id": 5, "data": {"text": "Hmm.", "doc_id": "d5"}, "annotations": [{"id": 15, "result": [],
+                                                                            "was_cancelled": True}]},
+        {"id": 6, "data": {"text": "Mixed.", "doc_id": "d6"}, "annotations": [{"id": 16, "result": []},
+                                                                             {"id": 17, "result": _choice("crude")}]},
+    ]
+    full = tmp_path / "export.json"
+    full.write_text(json.dumps(tasks))
+    records = [  # JSON-min: the data flattened, the task's number in id, the choice(s) under label where chosen
+        {"id": 1, "text": "Oil.", "doc_id": "d1", "annotator": 1, "annotation_id": 11},
+        {"id": 2, "text": "Wheat.", "doc_id": "d2", "evidence": [span[0]["value"]], "annotator": 1,
+         "annotation_id": 12},
+        {"id": 3, "text": "Both.", "doc_id": "d3", "label": {"choices": ["crude", "grain"]}, "annotator": 1,
+         "annotation_id": 13},
+        {"id": 4, "text": "Unseen.", "doc_id": "d4", "annotator": None, "annotation_id": None},
+        {"id": 6, "text": "Mixed.", "doc_id": "d6", "annotator": 1, "annotation_id": 16},
+        {"id": 6, "text": "Mixed.", "doc_id": "d6", "label": "crude", "annotator": 1, "annotation_id": 17}]
+    minimal = tmp_path / "export-min.json"
+    minimal.write_text(json.dumps(records))
+    table = tmp_path / "export.csv"  # CSV: the same, every column in every row, a list as JSON, null empty
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["annotation_id", "annotator", "doc_id", "evidence", "id", "label", "text"],
+                           quoting=csv.QUOTE_NONNUMERIC)
+        w.writeheader()
+        w.writerows({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()} for r in records)
+    for export in (full, minimal, table):
+        out = tmp_path / f"{export.name}.jsonl"
+        done = han_label("import", str(export), str(out), "--model", str(multi))
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line) for line in out.read_text().splitlines()] == [
+            {"id": "d1", "text": "Oil.", "labels": []}, {"id": "d2", "text": "Wheat.", "labels": []},
+            {"id": "d3", "text": "Both.", "labels": ["crude", "grain"]}], export
+        skipped = [f"han-label: {export}: task 5 (document d5): skipped: no annotation (the annotator skipped it)"]
+        assert done.stderr.splitlines()[:-1] == [
+            f"han-label: {export}: task 4 (document d4): skipped: no annotation",
+            *(skipped if export == full else []),  # JSON-min and CSV leave a cancelled annotation out
+            f"han-label: {export}: task 6 (document d6): left out: its annotators disagree (no label; crude)"]
+    # a single-label model: a document with no label cannot be a training row
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps([{"id": 1, "data": {"text": "Fine.", "doc_id": "s1"},
+                                   "annotations": [{"id": 21, "result": _choice("pos")}]},
+                                  {"id": 2, "data": {"text": "Odd.", "doc_id": "s2"},
+                                   "annotations": [{"id": 22, "result": []}]}]))
+    out = tmp_path / "single.jsonl"
+    done = han_label("import", str(single), str(out), "--model", str(tiny_model_dir))
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"id": "s1", "text": "Fine.", "label": "pos"}]
+    assert done.stderr.splitlines()[0] == f"han-label: {single}: task 2 (document s2): skipped: no annotation"
+
+
 def test_next_from_a_log_whose_service_keeps_its_feedback_elsewhere_is_one_line(
         tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
