@@ -210,12 +210,17 @@ def _corpus_file(data: Any, path: Path) -> str:
     return str(path)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """``python -m training.word_vectors --write-glove-txt OUT`` (docs/training.md)."""
     parser = argparse.ArgumentParser(description="Write GloVe 6B 50d (the glove extra) as a GloVe text file.")
     parser.add_argument("--write-glove-txt", type=Path, required=True, metavar="OUT")
     parser.add_argument("--limit", type=int, help="only the most frequent words (GloVe's order)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         print(write_glove_txt(args.write_glove_txt, args.limit))
     except OSError as e:  # a missing folder, a folder given for the file, no room: one line
         sys.exit(f"error: {args.write_glove_txt}: cannot write it ({e.strerror or e})")
+
+
+if __name__ == "__main__":
+    main()
