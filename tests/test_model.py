@@ -78,7 +78,9 @@ def test_own_sentence_values_make_the_document_vector_the_weighted_mean_of_the_s
 
 def test_probabilities_are_softmax_or_sigmoid_by_task() -> None:
     logits = torch.tensor([[2.0, 0.0, -1.0]])
-    assert torch.allclose(make_model().probabilities(logits).sum(), torch.tensor(1.0))
+    single = make_model().probabilities(logits)
+    assert torch.allclose(single.sum(), torch.tensor(1.0))
+    assert torch.allclose(single, torch.exp(logits) / torch.exp(logits).sum())  # softmax: e^x over its sum
     multi = make_model(multi_label=True).probabilities(logits)
     assert torch.allclose(multi, torch.sigmoid(logits))
 

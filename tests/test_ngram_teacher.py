@@ -39,6 +39,7 @@ def test_each_document_is_scored_by_a_baseline_that_never_saw_it() -> None:
     assert seen[1] > 0.5 > scores[-1, 1]
     assert (scores[:30].argmax(1) == labels[:30]).all()  # the clear ones, right
     assert np.array_equal(scores, cross_fitted_scores(texts, labels, 2, folds=5, seed=0))  # seeded
+    assert not np.array_equal(scores, cross_fitted_scores(texts, labels, 2, folds=5, seed=1))  # by the seed given
 
 
 def test_mixed_targets_keep_the_label_on_top_and_leave_self_trainings_rows_alone() -> None:

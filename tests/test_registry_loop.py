@@ -52,12 +52,16 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "bentoml"
 
 
-def _single_label_log(home: Path) -> None:
+def _single_label_log(home: Path) -> dict[str, str]:
+    """The fixture reviews answered (wrongly every fourth), the first 24 with their labels as feedback: returned."""
     rows = read_jsonl("reviews.jsonl")
-    records = [_record(i, f"{NAME}:v1", [r["label"]], {"neg": 0.3, "pos": 0.7} if r["label"] == "pos"
-                       else {"neg": 0.8, "pos": 0.2}, r["text"]) for i, r in enumerate(rows)]
+    answers = [{"neg": "pos", "pos": "neg"}[r["label"]] if i % 4 == 0 else r["label"] for i, r in enumerate(rows)]
+    records = [_record(i, f"{NAME}:v1", [a], {"neg": 0.3, "pos": 0.7} if a == "pos" else {"neg": 0.8, "pos": 0.2},
+                       r["text"]) for i, (a, r) in enumerate(zip(answers, rows, strict=True))]
     _write_log(home, records)
-    _feedback(home, records, {r["id"]: [row["label"]] for r, row in list(zip(records, rows, strict=True))[:24]})
+    truth = {r["id"]: row["label"] for r, row in list(zip(records, rows, strict=True))[:24]}
+    _feedback(home, records, {i: [label] for i, label in truth.items()})
+    return truth
 
 
 def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path: Path,
@@ -65,13 +69,17 @@ def test_export_of_a_single_label_model_is_a_training_file(home: Path, tmp_path:
     from training.data import HANDataModule
     from training.sources import load_source
 
-    _single_label_log(home)
+    truth = _single_label_log(home)
     labelled, everything = tmp_path / "labelled.jsonl", tmp_path / "all.parquet"
     assert main(["export-log", NAME, str(labelled), "--labelled-only"]) == 0
     assert main(["export-log", NAME, str(everything)]) == 0
     assert "label column: label" in capsys.readouterr().out
     train = load_source(str(labelled))
     assert "labels" not in train.column_names and len(train) == 24 and set(train["label"]) == {"neg", "pos"}
+    # the label is the feedback's, not the model's answer (wrong on 6 of the 24), which stays in "predicted"
+    exported = [json.loads(line) for line in labelled.read_text().splitlines()]
+    assert {r["id"]: r["label"] for r in exported} == truth
+    assert sum(r["predicted"] != r["label"] for r in exported) == 6
     rest = load_source(str(everything))
     assert len(rest) == 32 and rest["label"].count(None) == 8 and "labels" not in rest.column_names
     data = HANDataModule(train=str(labelled), unlabeled=str(everything), min_freq=1, val_fraction=0.25,

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from han import SavedModel
+from han import Pipeline, SavedModel
 from tests.test_training import REVIEWS, TOPICS, fit, rows
 from training.data import HANDataModule
 from training.self_training import TEACHER_SCORES, SelfTraining, pseudo_label
@@ -38,6 +38,13 @@ def test_the_second_model_trains_on_the_teachers_most_confident_labels(
     assert [r["label"] for r in pseudo].count("pos") == 8 and [r["label"] for r in pseudo].count("neg") == 8
     truth = {f"{r['text']} A {NEW_WORD} thing.": r["label"] for r in rows(REVIEWS)}
     assert sum(truth[r["text"]] == r["label"] for r in pseudo) >= 15, "the teacher fits these reviews"
+    # the most confident: each label's chosen documents are those the teacher scores highest for it
+    answers = dict(zip(truth, Pipeline(teacher, batch_size=128)(list(truth)), strict=True))  # as pseudo_label reads
+    for label in teacher.labels:
+        chosen = {r["text"] for r in pseudo if r["label"] == label}
+        kept = [a.scores[label] for text, a in answers.items() if a.label == label and text in chosen]
+        passed = [a.scores[label] for text, a in answers.items() if a.label == label and text not in chosen]
+        assert len(kept) == 8 and passed and min(kept) >= max(passed), (label, sorted(kept), sorted(passed))
     # the teacher never saw the unlabelled words; the second model's training split holds them
     assert NEW_WORD not in teacher.vocab and NEW_WORD in student.vocab
     # validation stays human-labelled: the same documents in both reports

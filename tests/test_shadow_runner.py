@@ -14,8 +14,9 @@ def test_a_large_copy_is_classified_in_batches_of_the_batch_size() -> None:
     runner.offer("r3", [f"c{i}" for i in range(256)], [f"text c{i}" for i in range(256)])
     batches = []
     while runner._queue:
-        batches.append([(c.request_id, c.ids) for c in runner._take()])
-    assert all(sum(len(ids) for _, ids in batch) <= BATCH_DOCUMENTS for batch in batches)
-    assert [(r, i) for batch in batches for r, ids in batch for i in ids] == (
+        batches.append([(c.request_id, c.ids, c.texts) for c in runner._take()])
+    assert all(sum(len(ids) for _, ids, _ in batch) <= BATCH_DOCUMENTS for batch in batches)
+    assert [(r, i) for batch in batches for r, ids, _ in batch for i in ids] == (
         [("r1", f"a{i}") for i in range(5)] + [("r2", "b0")] + [("r3", f"c{i}") for i in range(256)])
+    assert all(texts == [f"text {i}" for i in ids] for batch in batches for _, ids, texts in batch)  # each its own
     assert runner._queued == 0 and len(batches) == -(-262 // BATCH_DOCUMENTS)

@@ -28,18 +28,22 @@ def test_batches_cover_every_document_once_and_group_similar_lengths() -> None:
 
 def test_batches_are_the_list_sorts_batches_in_the_same_order() -> None:
     """The pools are sorted with numpy (a million documents' indices in arrays, not lists): the batches
-    are those a stable sort of each pool by length gives, so a seed's epochs stay what they were."""
+    are those a stable sort of each pool by length gives, shuffled by the same seeded generator, so a
+    seed's epochs stay what they were."""
     import numpy as np
 
     sizes = [random.Random(2).randint(1, 40) for _ in range(3000)]  # many ties: stability matters
     sampler = LengthBucketSampler(sizes, batch_size=8, seed=7, pool_batches=10)
-    order = np.random.default_rng(7).permutation(3000)
-    expected = []
+    rng = np.random.default_rng(7)
+    order = rng.permutation(3000)
+    pooled = []
     for start in range(0, 3000, 80):
         pool = sorted(order[start : start + 80].tolist(), key=sizes.__getitem__)
-        expected.extend(pool[i : i + 8] for i in range(0, len(pool), 8))
+        pooled.extend(pool[i : i + 8] for i in range(0, len(pool), 8))
+    expected = [pooled[i] for i in rng.permutation(len(pooled))]  # then the batches themselves are shuffled
     got = list(sampler)
-    assert sorted(map(tuple, got)) == sorted(map(tuple, expected)) and all(type(i) is int for i in got[0])
+    assert got == expected and all(type(i) is int for i in got[0])
+    assert got != pooled  # the shuffle of the batches is what the comparison above tells apart
 
 
 def test_an_encoded_split_is_read_from_an_unnamed_file_and_equals_its_tokens(tmp_path, monkeypatch) -> None:
@@ -119,16 +123,18 @@ def test_a_hub_name_is_tried_offline_and_fails_clearly() -> None:
 
 
 def test_validation_is_carved_from_train_stratified_and_seeded(tmp_path) -> None:
-    def split(seed: int) -> tuple[list, list]:
+    def split(seed: int) -> tuple[list, list, list]:
         dm = HANDataModule(train=str(REPO / "data" / "fixtures" / "reviews.jsonl"), val_fraction=0.25, seed=seed,
                            min_freq=1, cache_dir=str(tmp_path))
         dm.setup()
-        return dm.splits["train"].targets.tolist(), dm.splits["validation"].targets.tolist()
+        targets = dm.splits["train"].targets.tolist(), dm.splits["validation"].targets.tolist()
+        return *targets, list(dm.texts("validation"))
 
-    train, val = split(1)
+    train, val, held = split(1)
     assert len(val) == 8 and val.count(0) == val.count(1) == 4, "stratified: both classes equally held out"
     assert len(train) == 24
-    assert split(1) == (train, val)
+    assert split(1) == (train, val, held)
+    assert sorted(split(2)[2]) != sorted(held), "another seed holds out other documents"
 
 
 def test_a_large_split_is_tokenised_by_all_cores_the_same_as_by_one(tmp_path, monkeypatch) -> None:
