@@ -37,6 +37,11 @@ from scoring.arguments import build_parser, default_workers, deprecated
 from scoring.progress import print_summary
 from scoring.workers import Workers, interrupt
 
+# A finished output keeps no record of the settings that wrote it (the run's manifest goes with its parts), so
+# --resume cannot tell whether this run asks for another model or other explanations: say so every time.
+FINISHED_KEEPS_NO_SETTINGS = ("its settings are not kept, so this run's model and options are not applied to it: "
+                              "pass --overwrite to score it again")
+
 
 def command() -> None:
     """``han-score``."""
@@ -117,11 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if output.exists() and not partial.parts_dir(output).exists() and not args.overwrite:
         if not args.resume:
             raise BatchError(f"{output} already exists; pass --overwrite to replace it")
-        if not args.quiet:
-            print(
-                f"han-score: {output} is already complete; nothing to resume (use --overwrite to score again)",
-                file=sys.stderr,
-            )
+        # even with --quiet: a warning, not progress (this run's settings were not applied)
+        print(f"han-score: {output} is already complete; nothing to resume ({FINISHED_KEEPS_NO_SETTINGS})",
+              file=sys.stderr)
         return 0
 
     # Worker processes start now: importing torch and spaCy takes them seconds, which overlap
@@ -211,8 +214,8 @@ def _run_job(
     except formats.OutputError as e:
         raise BatchError(str(e)) from None
     if opened is None:
-        if not args.quiet:
-            print(f"han-score: {partial.output} is already complete; nothing to resume", file=sys.stderr)
+        print(f"han-score: {partial.output} is already complete; nothing to resume ({FINISHED_KEEPS_NO_SETTINGS})",
+              file=sys.stderr)
         return 0
 
     job_run = JobRun(args, source, partial, scorer, workers, started)

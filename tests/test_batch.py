@@ -328,6 +328,8 @@ def test_existing_output_is_never_silently_replaced(tmp_path: Path, tiny_model_d
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert score(source, output, tiny_model_dir, "--workers", "1", "--resume") == 0  # complete: nothing to do
     assert output.read_bytes() == before
+    err = capsys.readouterr().err  # ... and it says that it did not score with this run's settings
+    assert "already complete; nothing to resume" in err and "pass --overwrite to score it again" in err, err
     output.write_text("id,label\nnot,scored\n")  # what --overwrite replaces is not what it writes
     assert score(source, output, tiny_model_dir, "--workers", "1", "--overwrite") == 0
     assert output.read_bytes() == before  # a fresh scoring, as the first run wrote it
