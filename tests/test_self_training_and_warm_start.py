@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from han import SavedModel, SegmenterConfig
+from han import Pipeline, SavedModel, SegmenterConfig
 from tests.test_training import REPO, REVIEWS, SMOKE, fit, rows
 from tests.tiny_model import train_tiny_model
 from training.cli import main
@@ -91,3 +91,27 @@ def test_a_warm_start_takes_the_stored_models_language_unless_one_is_given(
     assert SavedModel.load(root / "model").segmenter.language == "zh"
     err = capsys.readouterr().err
     assert f"data.language=zh: the language of the stored model (model.init_from {stored})" in err
+
+
+def test_a_warm_started_checkpoint_is_tested_and_predicted_without_the_model_it_started_from(tmp_path: Path) -> None:
+    import shutil
+
+    # Sizes unlike the config's, so that the checkpoint must say them: the run's settings would build another net.
+    stored = fit(tmp_path / "stored", "--model.embed_dim", "20", "--model.sentence_values", "own",
+                 "--trainer.max_epochs", "2", "--export.faithfulness", "0")
+    warm = fit(tmp_path / "warm", "--model.init_from", str(stored / "model"), "--trainer.max_epochs", "1",
+               "--export.faithfulness", "0")
+    saved = SavedModel.load(warm / "model")
+    assert (saved.model.config.embed_dim, saved.model.config.sentence_values) == (20, "own")
+    shutil.rmtree(stored)  # deleted, as a store's old versions are; or NAME:production now names this one
+    metrics = json.loads((warm / "report" / "test" / "metrics.json").read_text())
+    (warm / "report" / "test" / "metrics.json").unlink()
+    common = ["--config", SMOKE, "--trainer.default_root_dir", str(warm), "--data.cache_dir",
+              str(tmp_path / "warm" / "cache"), "--ckpt_path", saved.metadata["checkpoint"],
+              "--export.faithfulness", "0"]
+    main(["test", *common])
+    assert json.loads((warm / "report" / "test" / "metrics.json").read_text())["han_alone"] == metrics["han_alone"]
+    main(["predict", *common])
+    predicted = [line["scores"] for line in rows(warm / "predictions" / "test.jsonl")]
+    expected = [r.scores for r in Pipeline(saved)([r["text"] for r in rows(REVIEWS)])]
+    assert [p["pos"] for p in predicted] == pytest.approx([e["pos"] for e in expected], abs=1e-5)

@@ -21,12 +21,27 @@ def data_fingerprint(data: Any) -> dict[str, Any] | None:
     return {"words": len(words), "digest": digest, "labels": list(data.label_names)}
 
 
+def warm_started_architecture(module: Any) -> dict[str, Any] | None:
+    """What a warm-started fit's checkpoint must carry to be tested or used without its ``init_from`` model:
+    the network's sizes and sentence values (taken from that model, not from the run's settings) and the
+    data's language. None for a fit from scratch, whose settings already say all of it."""
+    if not module.hparams.get("init_from"):
+        return None
+    config = module.net.config
+    data = getattr(module.trainer, "datamodule", None)
+    return {"embed_dim": config.embed_dim, "word_hidden": config.word_hidden,
+            "sentence_hidden": config.sentence_hidden, "attention_dim": config.attention_dim,
+            "sentence_values": config.sentence_values,
+            "language": getattr(getattr(data, "hparams", None), "language", None) if data is not None else None}
+
+
 def check_same_data(checkpoint: dict[str, Any], data: Any, sentence_values: str) -> None:
     """ValueError (one line) when ``checkpoint`` was fitted on other words or labels than ``data`` gives now
     (a checkpoint from before the record: by its embedding's size alone), or with other sentence values: one
     from before that setting existed was trained "contextual", and with equal hidden sizes its head would
     also fit an "own" network, and load silently into the wrong one."""
-    stored = checkpoint.get("hyper_parameters", {}).get("sentence_values", "contextual")
+    stored = (checkpoint.get("han_architecture") or checkpoint.get("hyper_parameters", {})).get("sentence_values",
+                                                                                              "contextual")
     if stored != sentence_values:
         raise ValueError(f"the checkpoint was trained with model.sentence_values={stored}, this run has "
                          f"{sentence_values} (set --model.sentence_values {stored})")

@@ -94,6 +94,8 @@ class HANCLI(LightningCLI):
         except (RuntimeError, KeyError, EOFError, AttributeError, ValueError) as e:
             raise DataError(f"--ckpt_path {ckpt_path}: not a readable checkpoint ({type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else '-'})") from e
+        if subcommand != "fit" and ckpt_path and self.config[subcommand].model.get("init_from"):
+            _without_stored_model(self.config[subcommand], ckpt_path)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -180,6 +182,23 @@ def _seconds(max_time: Any) -> float | None:
         days, hours, minutes, seconds = map(int, max_time.split(":"))
         return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
     return (max_time if isinstance(max_time, timedelta) else timedelta(**dict(max_time))).total_seconds()
+
+
+def _without_stored_model(config: Any, ckpt_path: Any) -> None:
+    """test/validate/predict a warm-started fit's checkpoint without the model it started from (deleted, or
+    ``NAME:production`` now naming another): the checkpoint's weights replace everything that model gave, and
+    it records the sizes and language the model brought. A checkpoint from before that record keeps needing it."""
+    if str(ckpt_path) in ("last", "best", "hpc", "registry"):
+        return
+    architecture = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("han_architecture")
+    if not architecture:
+        return
+    language = architecture.pop("language", None)
+    for name, value in architecture.items():
+        config.model[name] = value
+    if config.data.get("language") is None and language:
+        config.data.language = language
+    config.model.init_from = None
 
 
 def _check_checkpoint(ckpt_path: Any) -> None:

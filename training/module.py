@@ -24,7 +24,7 @@ from han.results import DocumentError, DocumentResult
 from training import adversarial
 from training.attention_losses import sentence_entropy, sentence_evidence
 from training.callbacks import EMA
-from training.checkpoint_data import check_same_data, data_fingerprint
+from training.checkpoint_data import check_same_data, data_fingerprint, warm_started_architecture
 from training.pretrain import pretrain_in_budget
 from training.threads import thread_callbacks
 from training.warm_start import ARCHITECTURE, load_stored, warm_start
@@ -178,6 +178,8 @@ class HANModule(pl.LightningModule):
             if value is not None and not 0 <= value < 1:
                 raise ValueError(f"model.{name} must be in [0, 1), not {value}")
         self.save_hyperparameters()
+        if init_from:  # what the network is, as a checkpoint's hyperparameters say it: the stored model's sizes
+            self.hparams.update(stored_sizes, sentence_values=sentence_values)
         sizes = {"embed_dim": embed_dim, "word_hidden": word_hidden, "sentence_hidden": sentence_hidden,
                  "dropout": dropout, "word_dropout": word_dropout}
         self.net = HAN(HANConfig(vocab_size=vocab_size, num_labels=num_labels, multi_label=multi_label,
@@ -247,6 +249,8 @@ class HANModule(pl.LightningModule):
         # then, and one built from a grown training file has other words at the same ids.
         if (fingerprint := data_fingerprint(getattr(self.trainer, "datamodule", None))) is not None:
             checkpoint["han_data"] = fingerprint
+        if (architecture := warm_started_architecture(self)) is not None:
+            checkpoint["han_architecture"] = architecture
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint from before sentence_values existed was trained "contextual"; with equal hidden
