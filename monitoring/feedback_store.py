@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from monitoring.store_schema import JUDGED, UPSERT_FEEDBACK, create_schema
+from monitoring.store_schema import UPSERT_FEEDBACK, create_schema
 
 ROLES = ("production", "shadow")
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction (SQLite's busy timeout)
@@ -91,8 +91,10 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         with self._transaction(write=True) as cur:
-            if not create_schema(cur, dialect, create):
+            judged = create_schema(cur, dialect, create)
+            if judged is None:
                 raise StoreError(f"feedback store {where}: it has no feedback tables (not the service's store?)")
+        self._judged = judged
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
                            role: str = "production", at: datetime | None = None) -> int:
@@ -162,7 +164,7 @@ class FeedbackStore:
                 "at DESC, seq DESC) AS r FROM v) x WHERE r = 1) l ON l.seq = v.seq") if latest else ""
         join = "JOIN" if labelled_only else "LEFT JOIN"
         with self._transaction(write=False) as cur:
-            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({JUDGED}), v AS (SELECT w.*, CASE "
+            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({self._judged}), v AS (SELECT w.*, CASE "
                         f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
                         f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
                         f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "

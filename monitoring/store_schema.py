@@ -49,18 +49,25 @@ UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VA
 JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
            "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
            "LEFT JOIN predictions p ON p.seq = f.judged_seq")
+# The same on a store made before judged_seq that a reader opens (it may not add the column): every
+# feedback judges its id's last production answer, as it did then.
+JUDGED_BEFORE_SEQ = ("SELECT f.id AS id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
+                     "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1) AS request_id FROM feedback f")
 
 
-def create_schema(cur: Any, dialect: str, create: bool = True) -> bool:
+def create_schema(cur: Any, dialect: str, create: bool = True) -> str | None:
     """Create the tables where they are missing and add the columns an older store lacks (``cur``: the
-    store's cursor, in the transaction that opens it). A store that has them all is left alone, so that a
-    role without the right to create (a reader, an application role granted rows only) opens it. Without
-    ``create`` (a reader's), missing tables are not made: False, where a mistyped database got them."""
+    store's cursor, in the transaction that opens it); returns the query of the feedbacks' judged answers
+    (``JUDGED``) for this store. A store that has them all is left alone, so that a role without the right
+    to create (a reader, an application role granted rows only) opens it. Without ``create`` (a reader's)
+    nothing is changed: missing tables give None, where a mistyped database would have got them, and a
+    store from before ``judged_seq`` is read as it is (``JUDGED_BEFORE_SEQ``)."""
     have = _columns(cur, dialect)
-    if {"predictions", "feedback"} <= set(have) and "judged_seq" in have["feedback"]:
-        return True
-    if not create and not {"predictions", "feedback"} <= set(have):
-        return False
+    tables = {"predictions", "feedback"} <= set(have)
+    if tables and "judged_seq" in have["feedback"]:
+        return JUDGED
+    if not create:
+        return JUDGED_BEFORE_SEQ if tables else None
     if dialect == "postgresql":
         cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
     for statement in SCHEMA.format(max_id=MAX_ID_LENGTH, **TYPES[dialect]).split(";"):
@@ -71,7 +78,7 @@ def create_schema(cur: Any, dialect: str, create: bool = True) -> bool:
         cur.execute("PRAGMA table_info(feedback)")
         if "judged_seq" not in {row[1] for row in cur.fetchall()}:
             cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {TYPES[dialect]['int']}")
-    return True
+    return JUDGED
 
 
 def _columns(cur: Any, dialect: str) -> dict[str, set[str]]:

@@ -139,6 +139,36 @@ def test_a_store_made_before_judged_answers_opens_and_judges_the_last(tmp_path: 
         assert [(r.id, r.feedback) for r in store.joined(labelled_only=True)] == [("a", ["pos"]), ("b", ["neg"])]
 
 
+def test_a_read_only_role_reads_a_store_made_before_judged_answers_and_changes_nothing(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A reader (SELECT only) may not add the column a later release added: it reads the store as it is, each
+    feedback judging its id's last production answer, as the store's own release read it."""
+    import uuid
+
+    import psycopg
+
+    server = shared_postgres(request.config)
+    url = server.create_database()
+    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:  # the schema before judged_seq
+        conn.execute("CREATE TABLE predictions (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL, "
+                     "request_id TEXT NOT NULL, model TEXT NOT NULL, role TEXT NOT NULL, labels JSONB NOT NULL, "
+                     "score DOUBLE PRECISION, at TIMESTAMPTZ NOT NULL)")
+        conn.execute("CREATE TABLE feedback (id TEXT PRIMARY KEY, labels JSONB NOT NULL, source TEXT, "
+                     "at TIMESTAMPTZ NOT NULL)")
+        conn.execute("INSERT INTO predictions (id, request_id, model, role, labels, score, at) VALUES "
+                     "('a', 'r1', 'm:1', 'production', '[\"neg\"]', 0.9, '2026-01-01T00:00:00+00:00'), "
+                     "('a', 'r2', 'm:1', 'production', '[\"pos\"]', 0.9, '2026-01-01T01:00:00+00:00')")
+        conn.execute("INSERT INTO feedback VALUES ('a', '[\"pos\"]', NULL, '2026-01-01T02:00:00+00:00')")
+        conn.execute(f"CREATE ROLE {reader} LOGIN")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}")
+    with open_store(url.replace("//postgres@", f"//{reader}@", 1), tmp_path / "unused.db", existing=True) as store:
+        assert [(r.request_id, r.feedback) for r in store.joined(latest=False)] == [("r1", None), ("r2", ["pos"])]
+    with psycopg.connect(url) as conn:
+        columns = conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'feedback'")
+        assert "judged_seq" not in {row[0] for row in columns.fetchall()}
+
+
 def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
     store.record_predictions("req-1", MODEL, predictions("a", "b", "c"))
     store.add_feedback([Feedback("a", ["neg"])], source="before", at=T0)
