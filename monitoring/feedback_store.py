@@ -91,10 +91,9 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         with self._transaction(write=True) as cur:
-            judged = create_schema(cur, dialect, create)
-            if judged is None:
-                raise StoreError(f"feedback store {where}: it has no feedback tables (not the service's store?)")
-        self._judged = judged
+            self._judged = create_schema(cur, dialect, create)  # the query of the feedbacks' judged answers
+        if self._judged is None:
+            raise StoreError(f"feedback store {where}: it has no feedback tables (not the service's store?)")
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
                            role: str = "production", at: datetime | None = None) -> int:
