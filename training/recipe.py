@@ -257,7 +257,8 @@ def apply(config: Any, subcommand: str = "fit") -> list[str]:
                      f"it, at most {trainer.max_epochs} epochs")
     if self_trains and not data.pseudo_labelled:  # the first fit says what the second will cost
         more = min(round(self_training.fraction * unlabeled_docs), self_training.max_documents)
-        lines.append(f"  self-training: this first fit's model labels your {unlabeled_docs:,} unlabelled documents, "
+        lines.append(f"  self-training: this first fit's model labels your {unlabeled_docs:,} unlabelled documents "
+                     "(less any a labelled split also holds), "
                      f"then a second fit trains on the {p.documents:,} labelled plus up to {more:,} of them "
                      f"({self_training.targets} targets): the run takes up to about {2 + more / p.documents:.1f}x "
                      "a fit on the labels alone (--self_training.fraction 0 skips it)")
