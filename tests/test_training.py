@@ -481,6 +481,29 @@ def test_ctrl_c_in_the_first_seconds_is_one_line(tmp_path: Path) -> None:
             assert lines[-1] == "Detected KeyboardInterrupt, attempting graceful shutdown ...", err[-500:]
 
 
+def test_sigterm_during_a_fit_is_one_line_and_a_failure_status(tmp_path: Path) -> None:
+    """Lightning ends a fit on SIGTERM with a SystemExit of no status (0): `han-train fit && han-model promote`
+    would go on as if it had succeeded."""
+    import signal
+
+    root, log = tmp_path / "run", tmp_path / "stderr.txt"
+    with log.open("w") as stderr:  # a file: a pipe left unread could fill and stall the fit
+        proc = subprocess.Popen([sys.executable, "-m", "training.launch", "fit", "--config", SMOKE,
+                                 "--trainer.max_epochs", "100000", "--trainer.default_root_dir", str(root),
+                                 "--data.cache_dir", str(tmp_path / "cache"), "--export.name", "han-sigterm"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        deadline = time.monotonic() + 120
+        while not (root / "checkpoints" / "last.ckpt").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    err = log.read_text()
+    assert proc.returncode == 143, (proc.returncode, err[-1000:])
+    assert err.splitlines()[-1] == "han-train: stopped by SIGTERM before its end; this run registered no model"
+    assert "Traceback" not in err and not (root / "model").exists()
+
+
 def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", SMOKE, "--trainer.default_root_dir", "/proc/han-run", "--data.cache_dir",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from han.environment import apply_defaults, requested_threads
 from han.saved_model import ModelDirectoryError
@@ -137,6 +137,9 @@ def main(args: list[str] | None = None) -> None:
         print(f"han-train: error: the checkpoint holds more than tensors and plain data; refusing to unpickle it "
               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})", file=sys.stderr)
         sys.exit(2)
+    except SIGTERMException:  # Lightning's, a SystemExit with no status: a `fit && promote` would carry on
+        print("han-train: stopped by SIGTERM before its end; this run registered no model", file=sys.stderr)
+        sys.exit(143)
     except KeyboardInterrupt:  # before the trainer runs (Lightning stops a fit on Ctrl-C itself)
         print("han-train: interrupted", file=sys.stderr)
         sys.exit(130)
