@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from monitoring.store_schema import UPSERT_FEEDBACK, create_schema
+from monitoring.store_schema import create_schema
 
 ROLES = ("production", "shadow")
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction (SQLite's busy timeout)
@@ -91,8 +91,8 @@ class FeedbackStore:
         self._lock = threading.Lock()
         self._conn: Any = None
         with self._transaction(write=True) as cur:
-            self._judged = create_schema(cur, dialect, create)  # the query of the feedbacks' judged answers
-        if self._judged is None:
+            self._sql = create_schema(cur, dialect, create)  # the statements for the store's columns
+        if self._sql is None:
             raise StoreError(f"feedback store {where}: it has no feedback tables (not the service's store?)")
 
     def record_predictions(self, request_id: str, model: str, predictions: Iterable[Prediction],
@@ -140,7 +140,7 @@ class FeedbackStore:
         # upserting the same ids take their row locks in one order and cannot deadlock.
         rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id) for f in items), key=lambda row: row[0])
         with self._transaction(write=True) as cur:
-            cur.executemany(UPSERT_FEEDBACK, rows)
+            cur.executemany(self._sql.upsert, rows if self._sql.judged_seq else [row[:4] for row in rows])
             missing = self._unknown(cur, [row[0] for row in rows])
             if missing:
                 shown = ", ".join(repr(i) for i in missing[:10]) + (" …" if len(missing) > 10 else "")
@@ -161,9 +161,9 @@ class FeedbackStore:
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         last = (" JOIN (SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY id, role ORDER BY judged DESC, "
                 "at DESC, seq DESC) AS r FROM v) x WHERE r = 1) l ON l.seq = v.seq") if latest else ""
-        join = "JOIN" if labelled_only else "LEFT JOIN"
+        join, judged = ("JOIN" if labelled_only else "LEFT JOIN"), self._sql.judged
         with self._transaction(write=False) as cur:
-            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({self._judged}), v AS (SELECT w.*, CASE "
+            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({judged}), v AS (SELECT w.*, CASE "
                         f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
                         f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
                         f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "

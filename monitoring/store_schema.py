@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, NamedTuple
 
 MAX_ID_LENGTH = 512
 # A PostgreSQL advisory lock key (any fixed number): concurrent CREATE TABLE IF NOT EXISTS can still
@@ -49,36 +50,69 @@ UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VA
 JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
            "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
            "LEFT JOIN predictions p ON p.seq = f.judged_seq")
-# The same on a store made before judged_seq that a reader opens (it may not add the column): every
-# feedback judges its id's last production answer, as it did then.
+# The same on a store made before judged_seq, opened by a role that may not add the column (a reader, or an
+# application role granted rows only, until the owner opens it once): every feedback judges its id's last
+# production answer, as it did then.
 JUDGED_BEFORE_SEQ = ("SELECT f.id AS id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
                      "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1) AS request_id FROM feedback f")
+UPSERT_FEEDBACK_BEFORE_SEQ = ("INSERT INTO feedback (id, labels, source, at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO "
+                              "UPDATE SET labels = excluded.labels, source = excluded.source, at = excluded.at")
+_log = logging.getLogger(__name__)
 
 
-def create_schema(cur: Any, dialect: str, create: bool = True) -> str | None:
+class Statements(NamedTuple):
+    """The statements that read and write feedback on a store as its columns are: ``upsert`` takes (id, labels,
+    source, at, id) rows with ``judged_seq``, their first four without."""
+
+    judged: str
+    upsert: str
+    judged_seq: bool
+
+
+CURRENT = Statements(JUDGED, UPSERT_FEEDBACK, True)
+BEFORE_SEQ = Statements(JUDGED_BEFORE_SEQ, UPSERT_FEEDBACK_BEFORE_SEQ, False)
+
+
+def create_schema(cur: Any, dialect: str, create: bool = True) -> Statements | None:
     """Create the tables where they are missing and add the columns an older store lacks (``cur``: the
-    store's cursor, in the transaction that opens it); returns the query of the feedbacks' judged answers
-    (``JUDGED``) for this store. A store that has them all is left alone, so that a role without the right
-    to create (a reader, an application role granted rows only) opens it. Without ``create`` (a reader's)
-    nothing is changed: missing tables give None, where a mistyped database would have got them, and a
-    store from before ``judged_seq`` is read as it is (``JUDGED_BEFORE_SEQ``)."""
+    store's cursor, in the transaction that opens it); returns the statements for the store as it then is.
+    A store that has them all is left alone, so that a role without the right to create (a reader, an
+    application role granted rows only) opens it, and one from before ``judged_seq`` that such a role may not
+    change is used as it is (``BEFORE_SEQ``). Without ``create`` (a reader's) nothing is changed: missing
+    tables give None, where a mistyped database would have got them."""
     have = _columns(cur, dialect)
     tables = {"predictions", "feedback"} <= set(have)
     if tables and "judged_seq" in have["feedback"]:
-        return JUDGED
-    if not create:
-        return JUDGED_BEFORE_SEQ if tables else None
+        return CURRENT
+    if not create or (tables and not _may_alter(cur, dialect)):
+        if create:
+            _log.warning("the feedback store was made by an earlier release and this role may not add its column "
+                         "feedback.judged_seq: each feedback judges its id's last answer until the tables' owner "
+                         "opens the store once (or runs ALTER TABLE feedback ADD COLUMN judged_seq BIGINT)")
+        return BEFORE_SEQ if tables else None
     if dialect == "postgresql":
         cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-    for statement in SCHEMA.format(max_id=MAX_ID_LENGTH, **TYPES[dialect]).split(";"):
-        cur.execute(statement)
+    if not tables:  # CREATE TABLE IF NOT EXISTS needs the right to create even where the table exists
+        for statement in SCHEMA.format(max_id=MAX_ID_LENGTH, **TYPES[dialect]).split(";"):
+            cur.execute(statement)
     if dialect == "postgresql":  # a store made before judged_seq
         cur.execute(f"ALTER TABLE feedback ADD COLUMN IF NOT EXISTS judged_seq {TYPES[dialect]['int']}")
     else:
         cur.execute("PRAGMA table_info(feedback)")
         if "judged_seq" not in {row[1] for row in cur.fetchall()}:
             cur.execute(f"ALTER TABLE feedback ADD COLUMN judged_seq {TYPES[dialect]['int']}")
-    return JUDGED
+    return CURRENT
+
+
+def _may_alter(cur: Any, dialect: str) -> bool:
+    """Whether this role may add a column to the feedback table: in PostgreSQL, its owner (or a member of the
+    owner's role); an SQLite file that opened for writing may be altered."""
+    if dialect != "postgresql":
+        return True
+    cur.execute("SELECT pg_has_role(current_user, c.relowner, 'MEMBER') FROM pg_class c JOIN pg_namespace n ON "
+                "n.oid = c.relnamespace WHERE c.relname = 'feedback' AND n.nspname = current_schema()")
+    row = cur.fetchone()
+    return bool(row and row[0])
 
 
 def _columns(cur: Any, dialect: str) -> dict[str, set[str]]:

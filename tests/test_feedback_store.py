@@ -139,17 +139,18 @@ def test_a_store_made_before_judged_answers_opens_and_judges_the_last(tmp_path: 
         assert [(r.id, r.feedback) for r in store.joined(labelled_only=True)] == [("a", ["pos"]), ("b", ["neg"])]
 
 
-def test_a_read_only_role_reads_a_store_made_before_judged_answers_and_changes_nothing(
-        tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    """A reader (SELECT only) may not add the column a later release added: it reads the store as it is, each
-    feedback judging its id's last production answer, as the store's own release read it."""
+def test_roles_that_may_not_alter_use_a_store_made_before_judged_answers_as_it_is(
+        tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture) -> None:
+    """A reader (SELECT only) and an application role granted rows only may not add the column a later release
+    added: they use the store as it is, each feedback judging its id's last production answer, as the store's
+    own release did (the service's feedback was refused with a 503 "not reachable"). Its owner then adds it."""
     import uuid
 
     import psycopg
 
     server = shared_postgres(request.config)
     url = server.create_database()
-    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    reader, app = (f"{role}_{uuid.uuid4().hex[:8]}" for role in ("reader", "app"))
     with psycopg.connect(url, autocommit=True) as conn:  # the schema before judged_seq
         conn.execute("CREATE TABLE predictions (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL, "
                      "request_id TEXT NOT NULL, model TEXT NOT NULL, role TEXT NOT NULL, labels JSONB NOT NULL, "
@@ -160,13 +161,28 @@ def test_a_read_only_role_reads_a_store_made_before_judged_answers_and_changes_n
                      "('a', 'r1', 'm:1', 'production', '[\"neg\"]', 0.9, '2026-01-01T00:00:00+00:00'), "
                      "('a', 'r2', 'm:1', 'production', '[\"pos\"]', 0.9, '2026-01-01T01:00:00+00:00')")
         conn.execute("INSERT INTO feedback VALUES ('a', '[\"pos\"]', NULL, '2026-01-01T02:00:00+00:00')")
-        conn.execute(f"CREATE ROLE {reader} LOGIN")
-        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        for role, rights in ((reader, "SELECT"), (app, "SELECT, INSERT, UPDATE, DELETE")):
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+            conn.execute(f"GRANT {rights} ON ALL TABLES IN SCHEMA public TO {role}")
+
+    def judged_seq() -> bool:
+        with psycopg.connect(url) as conn:
+            columns = conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'feedback'")
+            return "judged_seq" in {row[0] for row in columns.fetchall()}
+
     with open_store(url.replace("//postgres@", f"//{reader}@", 1), tmp_path / "unused.db", existing=True) as store:
         assert [(r.request_id, r.feedback) for r in store.joined(latest=False)] == [("r1", None), ("r2", ["pos"])]
-    with psycopg.connect(url) as conn:
-        columns = conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'feedback'")
-        assert "judged_seq" not in {row[0] for row in columns.fetchall()}
+    with open_store(url.replace("//postgres@", f"//{app}@", 1), tmp_path / "unused.db") as store:
+        store.record_predictions("r3", "m:1", predictions("b"), at=T0)
+        assert store.add_feedback([Feedback("b", ["neg"]), Feedback("a", ["neg"])]) == 2
+        assert [(r.id, r.request_id, r.feedback) for r in store.joined(labelled_only=True)] == [
+            ("b", "r3", ["neg"]), ("a", "r2", ["neg"])]
+    assert "may not add its column feedback.judged_seq" in caplog.text
+    assert not judged_seq()
+    with open_store(url, tmp_path / "unused.db") as store:  # the owner
+        assert [(r.id, r.feedback) for r in store.joined(labelled_only=True)] == [("b", ["neg"]), ("a", ["neg"])]
+    assert judged_seq()
 
 
 def test_a_batch_is_written_whole_or_not_at_all(store: FeedbackStore) -> None:
