@@ -218,7 +218,18 @@ def test_predict_writes_one_line_per_document_in_input_order(tmp_path: Path, cap
         main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.train", str(grown),
               "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(root / "checkpoints" / "last.ckpt")])
     assert exit_info.value.code == 2
-    assert "the checkpoint's fit read other data" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the checkpoint's fit read other data" in err and "earlier release" not in err
+    # an earlier release's checkpoint (no record of its data): the message says why its settings cannot help
+    import torch
+
+    earlier = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    del earlier["han_data"]
+    torch.save(earlier, tmp_path / "earlier.ckpt")
+    with pytest.raises(SystemExit):
+        main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.train", str(grown),
+              "--data.cache_dir", str(tmp_path / "cache"), "--ckpt_path", str(tmp_path / "earlier.ckpt")])
+    assert "this checkpoint, from an earlier release, records no data" in capsys.readouterr().err
     # predict --model.init_from: the stored model's weights (an untrained network before, at chance)
     (root / "predictions" / "test.jsonl").unlink()
     main(["predict", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.train", str(grown),

@@ -21,6 +21,12 @@ def data_fingerprint(data: Any) -> dict[str, Any] | None:
     return {"words": len(words), "digest": digest, "labels": list(data.label_names)}
 
 
+# A checkpoint with no record of its data comes from an earlier release, which held out a validation split from
+# the training file in another way (training.splits): the same settings then give other words.
+_EARLIER = ("; this checkpoint, from an earlier release, records no data: without --data.validation that release "
+            "held out another validation split from the training file, so only that release can resume or test it")
+
+
 def warm_started_architecture(module: Any) -> dict[str, Any] | None:
     """What a warm-started fit's checkpoint must carry to be tested or used without its ``init_from`` model:
     the network's sizes and sentence values (taken from that model, not from the run's settings) and the
@@ -59,4 +65,4 @@ def check_same_data(checkpoint: dict[str, Any], data: Any, sentence_values: str)
     raise ValueError(f"the checkpoint's fit read other data ({words:,} words; labels {labels}) than this run's "
                      f"data gives ({now['words']:,} words{same}; labels {', '.join(now['labels'])}), so its word ids "
                      "would mean other words: pass the fit's --data settings and training file as they were, or use "
-                     "the exported model (--model.init_from runs/NAME/model)")
+                     "the exported model (--model.init_from runs/NAME/model)" + ("" if before else _EARLIER))
