@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -246,10 +247,15 @@ def test_a_fit_run_again_into_its_folder_replaces_last_ckpt(tmp_path: Path) -> N
 
     quick = ("--export.faithfulness", "0", "--export.baseline", "false")
     root = fit(tmp_path, "--trainer.max_epochs", "1", *quick)
+    # an earlier run's best under a name this run does not write (it read as this run's best), and a user's file
+    shutil.copy(root / "checkpoints" / "last.ckpt", root / "checkpoints" / "epoch99-score0.9999.ckpt")
+    shutil.copy(root / "checkpoints" / "last.ckpt", root / "checkpoints" / "mine.ckpt")
     fit(tmp_path, "--trainer.max_epochs", "5", "--data.batch_size", "16", "--model.scheduler", "onecycle", *quick)
     assert sorted(p.name for p in (root / "checkpoints").glob("last*.ckpt")) == ["last.ckpt"]
-    last = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
-    assert last["hyper_parameters"]["scheduler"] == "onecycle"  # the second run's
+    for path in (root / "checkpoints").glob("*.ckpt"):
+        scheduler = torch.load(path, weights_only=True)["hyper_parameters"]["scheduler"]
+        assert scheduler == ("constant" if path.name == "mine.ckpt" else "onecycle"), path.name  # the second run's
+    assert (root / "checkpoints" / "mine.ckpt").exists()
 
 
 def test_test_subcommand_writes_the_report_with_faithfulness(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -150,8 +150,24 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(args: list[str] | None) -> HANCLI:
-    return HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
-                  auto_configure_optimizers=False)
+    started = time.time()
+    cli = HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
+                 auto_configure_optimizers=False)
+    config = cli.config.get(cli.subcommand) if cli.subcommand else None
+    if cli.subcommand == "fit" and not config.get("ckpt_path") and cli.trainer.is_global_zero and \
+            not cli.trainer.interrupted and config.checkpoint.dirpath:
+        _drop_earlier_checkpoints(Path(config.checkpoint.dirpath), started)
+    return cli
+
+
+def _drop_earlier_checkpoints(folder: Path, started: float) -> None:
+    """A fit from scratch that ended replaces the checkpoints an earlier run left in its folder: beside the new
+    best, an old ``epoch3-score0.9100.ckpt`` read as the best of this run. Only the names a fit writes; a fit
+    resumed (``--ckpt_path``) or interrupted keeps them all."""
+    for path in folder.glob("*.ckpt"):
+        if (path.name == "last.ckpt" or re.fullmatch(r"epoch\d+-score.*\.ckpt", path.name)) and \
+                path.stat().st_mtime < started:
+            path.unlink(missing_ok=True)
 
 
 def _second_fit(teacher: HANCLI, args: list[str], spent: float) -> None:
