@@ -38,6 +38,14 @@ from monitoring.log_files import dead_writer, log_folder, repair
 
 MONITOR_NAME = "han_inference"
 _warned = 0.0
+_lost = 0  # lines a failed write lost in this process since the last ``take_lost``
+
+
+def take_lost() -> int:
+    """How many log lines failed writes lost since the last call (the service counts them in /metrics)."""
+    global _lost
+    lost, _lost = _lost, 0
+    return lost
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class LineFileHandler(logging.Handler):
         self.fd: int | None = None
         self.path: Path | None = None
         self.size = 0
+        self.torn = False  # a short write (a full disk) left part of a line: ended before the next one
 
     def _open(self) -> None:
         self.close_file()
@@ -102,10 +111,17 @@ class LineFileHandler(logging.Handler):
             if (self.fd is None or (self.size + len(line) > self.file_bytes > 0 and self.size > 0)
                     or os.fstat(self.fd).st_nlink == 0):  # deleted under it (by hand, or another host's prune)
                 self._open()
-            os.write(self.fd, line)  # type: ignore[arg-type]  # one call; a kill mid-call: see repair()
-            self.size += len(line)
+            if self.torn:  # readers skip the cut line; this one must not be glued to it
+                self.size += os.write(self.fd, b"\n")  # type: ignore[arg-type]
+                self.torn = False
+            written = os.write(self.fd, line)  # type: ignore[arg-type]  # one call; a kill mid-call: see repair()
+            self.size += written
+            if written < len(line):
+                self.torn = True
+                raise OSError(f"wrote {written} of the line's {len(line)} bytes (the disk is full?)")
         except OSError as e:  # a full disk must never fail a request: say so, at most once a minute
-            global _warned
+            global _warned, _lost
+            _lost += 1
             if time.monotonic() - _warned > 60:
                 _warned = time.monotonic()
                 logging.getLogger("han.service").error("cannot write the inference log in %s: %s", self.folder, e)

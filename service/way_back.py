@@ -24,7 +24,7 @@ from typing import Any
 import han
 from model_store.production import deployment_dir, note_feedback_store
 from monitoring.feedback_store import Prediction, redact
-from monitoring.inference_log import InferenceLog, LogSettings
+from monitoring.inference_log import InferenceLog, LogSettings, take_lost
 from monitoring.profiles import model_facts as read_model_facts
 from monitoring.report import expected_right, ks_distance, realised_right
 from service.settings import Settings
@@ -63,6 +63,8 @@ class Metrics:
                              ["model"])
         self.dropped = Counter("han_feedback_store_dropped", "Answers not recorded in the feedback store (its "
                                "queue was full, or it refused the row)")
+        self.log_lost = Counter("han_inference_log_lost", "Documents answered whose inference log line could not be "
+                                "written (a full disk): answered, not in the log")
         self.shift = Gauge("han_input_shift", "Kolmogorov-Smirnov distance of the last documents' length or "
                            "unknown-word share from the training profile's", ["model", "feature"],
                            multiprocess_mode="max")
@@ -103,6 +105,9 @@ class WayBack:
                 self.log.write(request_ids, tag, role, ids, texts, results, profiles)
         except Exception as e:  # the answer matters more than its record
             self._warn("cannot write the inference log", e)
+        if lost := take_lost():
+            with contextlib.suppress(Exception):
+                self.metrics.log_lost.inc(lost)
         try:
             now = datetime.now(UTC)
             self.writer.put([(request_id, tag, role, [Prediction(i, r.labels, max(r.scores.values()))
