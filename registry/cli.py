@@ -11,37 +11,37 @@
 A name's first registered version is its production version; a later fit is served only once promoted.
 Services started with ``HAN_MODEL_TAG=NAME`` (or ``NAME:production``, the default for han-imdb) and
 sharing the model store follow the pointer within seconds; ``promote`` and ``rollback`` wait until
-every running one serves the new version, and put the pointer back if one cannot load it. Nothing
+every running one serves the new version, and put the pointer back if one cannot load it or they are
+interrupted first (Ctrl-C: exit 130; SIGTERM: 143). Nothing
 here is reachable over HTTP: whoever may change the served model needs the model store.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from han.environment import apply_defaults
-from model_store import ModelNotFoundError, adopt_production, load_checked, production_version, resolve_tag
+from model_store import ModelNotFoundError, adopt_production, production_version, resolve_tag
 from model_store.production import (
     PromotionError,
     deployment_dir,
     live_replicas,
     locked,
-    pointer_stamp,
     read_pointer,
     record_decision,
-    restore_pointer,
     rollback_target,
-    set_pointer,
     split_tag,
     write_json,
 )
 from monitoring.feedback_store import StoreError
 from registry.loop_commands import CommandError
+from registry.moves import Interrupted, move
 
 WAIT_SECONDS = 60.0
 LoopErrors = (CommandError, StoreError)
@@ -197,74 +197,24 @@ def promote(args: argparse.Namespace) -> int:
             raise PromotionError(
                 f"{tag} has not been compared with {current}, the version in production: run "
                 f"`han-model compare {tag} {current} --data FILE`, or promote with --data FILE (or --force)")
-        if comparison is None:  # forced without one: on the record all the same
-            record_decision(name, {"tag": tag, "production": current, **details, "comparison": None,
-                                   "decision": "promoted"})
-        else:
+        if comparison is not None:
             details["comparison"] = _summary(comparison)
-            worse = comparison.get("verdict") == "worse"  # training.compare.worse_beyond_noise
-            record_decision(name, {"tag": tag, "production": current, **details,
-                                   "decision": "refused" if worse and not args.force else "promoted"})
-            if worse and not args.force:
+            if comparison.get("verdict") == "worse" and not args.force:  # training.compare.worse_beyond_noise
+                record_decision(name, {"tag": tag, "production": current, **details, "decision": "refused"})
                 raise PromotionError(
                     f"refused: {tag} is worse than {current} beyond the noise on "
                     f"{comparison.get('data') or 'its comparison'} ({_figures(comparison)}); "
                     "--force promotes it anyway")
-        return _move(name, tag, "promote", details, args.wait, "promoted")
+        # on the record once the pointer has moved (forced without a comparison: there all the same)
+        promoted = {"tag": tag, "production": current, "comparison": None, **details, "decision": "promoted"}
+        return move(name, tag, "promote", details, args.wait, "promoted", promoted)
 
 
 def rollback(args: argparse.Namespace) -> int:
     name = split_tag(args.name)[0]
     with locked(name):
         adopt_production(name)  # so that a store from before registration wrote the pointer has a history
-        return _move(name, rollback_target(name), "rollback", {}, args.wait, "rolled back to")
-
-
-def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float, verb: str) -> int:
-    """Point production at ``tag`` and wait until every running service serves it; if one cannot load it,
-    put the pointer back. The running services are the check that counts (each loads the version where
-    it will serve, beside the serving one, in about a second); with none running, the version is loaded
-    here before the pointer moves."""
-    before = read_pointer(name)
-    previous = before["tag"] if before else None
-    replicas = live_replicas(name)
-    if not replicas:
-        try:
-            load_checked(tag)
-        except Exception as e:
-            record_decision(name, {"tag": tag, "decision": "not moved: it does not load", "reason": _reason(e)})
-            raise PromotionError(f"cannot make {tag} the production version: it does not load ({_reason(e)}); "
-                                 f"production stays on {previous or 'nothing'}") from None
-        set_pointer(tag, action, details)
-        print(f"{verb} {tag} (was {previous or 'nothing'}). Note: no running service follows {name} right now "
-              f"(none reported in the last seconds); services started from now serve {tag}.")
-        return 0
-    set_pointer(tag, action, details)
-    stamp = list(pointer_stamp(name) or [])
-    deadline = time.monotonic() + wait
-    while True:
-        now = live_replicas(name)
-        reports, gone = {k: now[k] for k in replicas if k in now}, sorted(k for k in replicas if k not in now)
-        failed = {key: r["failed"]["reason"] for key, r in reports.items()  # for this move, not an earlier one
-                  if (r.get("failed") or {}).get("tag") == tag and list(r["failed"].get("pointer") or []) == stamp}
-        if failed:
-            restore_pointer(before, name)
-            key, reason = next(iter(failed.items()))
-            record_decision(name, {"tag": tag, "decision": f"put back: it does not load in {key}", "reason": reason})
-            raise PromotionError(f"cannot make {tag} the production version: it does not load in the service {key} "
-                                 f"({reason}); production stays on {previous or 'nothing'}")
-        waiting = sorted(key for key, r in reports.items() if r.get("serving") != tag)
-        if not waiting and not gone:
-            print(f"{verb} {tag} (was {previous or 'nothing'}): {len(reports)} service worker(s) serve it")
-            return 0
-        if not waiting or time.monotonic() > deadline:
-            print(f"{verb} {tag} (was {previous or 'nothing'}), but of {len(replicas)} service worker(s), "
-                  + (f"{len(waiting)} did not follow within {wait:g} s ({', '.join(waiting)})" if waiting else "")
-                  + ("; " if waiting and gone else "")
-                  + (f"{len(gone)} stopped reporting before they did ({', '.join(gone)})" if gone else "")
-                  + f": see `han-model status {name}`", file=sys.stderr)
-            return 1
-        time.sleep(0.25)
+        return move(name, rollback_target(name), "rollback", {}, args.wait, "rolled back to")
 
 
 def status(args: argparse.Namespace) -> int:
@@ -318,8 +268,20 @@ def _figures(c: dict[str, Any]) -> str:
     return ", ".join(parts) or "no figures kept"
 
 
-def _reason(e: BaseException) -> str:
-    return f"{e.__class__.__name__}: {e}".splitlines()[0]
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it, renamed over it when complete: a full disk
+    or an interruption leaves the file as it was (or absent), never empty or half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OSError(f"{path}: not written ({e.strerror or e})") from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             result = run_compare(args.new, args.old, args)
             if args.json:
-                Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+                write_whole(Path(args.json), json.dumps(result, indent=2) + "\n")
             return 0
         from registry import loop_commands as loop
         from registry import shadow_commands
@@ -351,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:  # a promote or rollback: the pointer is back, and the line printed says so
+        return 128 + e.signum
     except KeyboardInterrupt:
         return 130
 
