@@ -164,6 +164,9 @@ def test_both_servers_follow_a_promotion_and_a_rollback_under_load(deployment: d
         promoted = han_model(home, "promote", tags["B"], "--data", str(DATA))  # compares, then promotes
         assert promoted.returncode == 0, promoted.stderr
         assert "2 service worker(s) serve it" in promoted.stdout and "accuracy" in promoted.stdout
+        # 32 fixture reviews: promoted, with a warning that so few cannot tell a worse model from an equal one
+        assert (f"warning: the comparison with {tags['A']} rests on 32 document(s)" in promoted.stderr
+                and "too few to tell a worse model" in promoted.stderr), promoted.stderr
         time.sleep(2)
         rolled = han_model(home, "rollback", NAME)
         assert rolled.returncode == 0, rolled.stderr
