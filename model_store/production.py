@@ -179,20 +179,25 @@ def replica_id() -> str:
 
 
 def report_replica(name: str, serving: str, failed: dict[str, Any] | None, loading: str | None = None,
-                   pointer: tuple[int, int] | None = None, shadow: dict[str, Any] | None = None) -> None:
+                   pointer: tuple[int, int] | None = None, shadow: dict[str, Any] | None = None,
+                   pinned: bool = False) -> None:
     """A worker's report: the version it serves, the one it is loading, the promoted version it could not
-    load (with why), the pointer (its stamp) these answer, and its shadow (monitoring.shadow), if any."""
+    load (with why), the pointer (its stamp) these answer, and its shadow (monitoring.shadow), if any.
+    ``pinned``: a worker started on one version (a tag), which runs the name's shadow but never follows a
+    promotion, so that promote does not wait for it."""
     write_json(replica_path(name, replica_id()),
                 {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "shadow": shadow,
-                 "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()})
+                 "pinned": pinned, "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()})
 
 
 def forget_replica(name: str) -> None:
     replica_path(name, replica_id()).unlink(missing_ok=True)
 
 
-def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS) -> dict[str, dict[str, Any]]:
-    """The replicas that reported within ``fresh`` seconds (others stopped: their files are removed)."""
+def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS,
+                  following: bool = False) -> dict[str, dict[str, Any]]:
+    """The replicas that reported within ``fresh`` seconds (others stopped: their files are removed);
+    ``following``: only those that follow the pointer (not pinned to a version)."""
     folder, out = deployment_dir(name) / "replicas", {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -200,7 +205,8 @@ def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS) -> dict[str, 
         except (OSError, ValueError):
             continue  # being replaced right now; read at the next poll
         if time.time() - float(report.get("seen", 0)) <= fresh:
-            out[path.stem] = report
+            if not (following and report.get("pinned")):
+                out[path.stem] = report
         elif time.time() - float(report.get("seen", 0)) > 10 * fresh:
             path.unlink(missing_ok=True)
     return out

@@ -254,7 +254,8 @@ def status(args: argparse.Namespace) -> int:
                      f"{shadow.get('dropped', 0):,} dropped)" if shadow.get("tag") else "")
         if (shadow.get("failed") or {}).get("tag"):
             shadowing += f"; cannot shadow {shadow['failed']['tag']} ({shadow['failed']['reason']})"
-        print(f"  service {key}: serving {report['serving']}{loading}{failed}{shadowing}")
+        pinned = " (pinned: started on that version, it does not follow the pointer)" if report.get("pinned") else ""
+        print(f"  service {key}: serving {report['serving']}{pinned}{loading}{failed}{shadowing}")
     return 0
 
 

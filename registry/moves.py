@@ -123,7 +123,7 @@ def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float
     will serve, beside the serving one, in about a second); with none running, the version is loaded
     here before the pointer moves."""
     previous = context["production"]
-    replicas = live_replicas(name)
+    replicas = live_replicas(name, following=True)
     if not replicas:
         try:
             load_checked(tag)
@@ -141,7 +141,7 @@ def _move(name: str, tag: str, action: str, details: dict[str, Any], wait: float
     stamp = list(pointer_stamp(name) or [])
     deadline = time.monotonic() + wait
     while True:
-        now = live_replicas(name)
+        now = live_replicas(name, following=True)
         reports, gone = {k: now[k] for k in replicas if k in now}, sorted(k for k in replicas if k not in now)
         failed = {key: r["failed"]["reason"] for key, r in reports.items()  # for this move, not an earlier one
                   if (r.get("failed") or {}).get("tag") == tag and list(r["failed"].get("pointer") or []) == stamp}

@@ -75,8 +75,11 @@ class ModelFollower:
     meanwhile; each report names the pointer it answers (its stamp), so that a failure is never read
     for a later promotion of the same version."""
 
-    def __init__(self, name: str | None, current: Served) -> None:
+    def __init__(self, name: str | None, current: Served, report_as: str | None = None) -> None:
         self.name = name
+        # A pinned worker (no name to follow) still reports, as pinned, under the name whose shadow it
+        # runs (``report_as``): han-model shadow and status see it, promote does not wait for it.
+        self.report_as = name or report_as
         self.current = current
         self.start_tag = current.tag
         self.failed: dict[str, object] | None = None  # the promoted version that could not be loaded, and why
@@ -98,11 +101,16 @@ class ModelFollower:
     def forget(self) -> None:
         """At shutdown: this worker's report removed, so that a promotion at once does not wait for it (the
         following task's ``finally`` runs only if the task is cancelled before the loop stops)."""
-        if self.name is not None:
+        if self.report_as is not None:
             with contextlib.suppress(OSError):
-                forget_replica(self.name)
+                forget_replica(self.report_as)
 
     def poll(self) -> None:
+        if self.name is None:  # pinned: nothing to follow, only the report
+            if self.report_as is not None and time.monotonic() - self._reported >= REPORT_SECONDS:
+                report_replica(self.report_as, self.current.tag, None, shadow=self.shadow_status(), pinned=True)
+                self._reported = time.monotonic()
+            return
         stamp = pointer_stamp(self.name)
         if stamp != self._stamp:
             self._stamp, self.failed, self._reported = stamp, None, 0.0

@@ -144,7 +144,7 @@ class HANClassifier:
         tune_process()  # one inference thread, and malloc kept from returning each batch's tensors
         stored = self.bento_model
         served = load_served(str(stored.tag), Path(stored.path), stored.info.creation_time.isoformat())
-        self.follower = ModelFollower(FOLLOWS, served)  # the one reference: a replaced version must be freed
+        self.follower = ModelFollower(FOLLOWS, served, NAME)  # the one reference: a replaced version must be freed
         self.batcher: RequestBatcher[Request, list[han.DocumentResult] | han.DocumentError] = RequestBatcher(
             self._run_batch, size=lambda request: len(request[0]), on_batch=observe_batch,
             on_idle=self._rest, wait=SETTINGS.batch_wait,
@@ -169,8 +169,7 @@ class HANClassifier:
     @bentoml.on_startup
     def _follow(self) -> None:
         """Follow the production pointer (a task of this worker's event loop, kept referenced)."""
-        if self.follower.name is not None:
-            self._following = asyncio.get_running_loop().create_task(self.follower.run())
+        self._following = asyncio.get_running_loop().create_task(self.follower.run())  # pinned: reports only
         self._shadowing = asyncio.get_running_loop().create_task(self.shadow.run())
         self._helpers = asyncio.get_running_loop().create_task(self._stop_idle_helpers())
 

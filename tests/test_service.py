@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -515,3 +516,33 @@ def test_schemathesis_finds_the_api_as_its_schema_says(server, tmp_path):
     assert re.search(r"Operations:\s+6 selected", done.stdout), done.stdout[-3000:]
     assert "Unsupported regex" not in done.stdout, done.stdout[-3000:]  # the documents' pattern is used as written
     assert "Traceback" not in server.log()
+
+
+def test_a_server_pinned_to_a_version_reports_as_pinned_and_its_shadow_failure_is_seen(server, tmp_path) -> None:
+    """A server started on a tag (this one serves han-test:latest) runs the name's shadow: han-model shadow
+    must see a version it cannot load (it said "no running service follows" and exited 0 while the workers
+    logged the failure), status must list it, and promote must not wait for it to follow."""
+    from tests.service_server import TEST_MODEL_NAME, base_env, register_model
+    from tests.tiny_model import train_tiny_model
+
+    home = server.home / "bentoml"
+
+    def han_model(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "registry.cli", *args], cwd=Path(__file__).parent.parent,
+                              env=base_env(home), capture_output=True, text=True, timeout=300)
+
+    klingon = register_model(train_tiny_model(seed=4)[0].save(tmp_path / "klingon"), home)
+    config = home / "models" / TEST_MODEL_NAME / klingon.split(":")[1] / "config.json"
+    settings = json.loads(config.read_text())
+    settings["segmenter"]["language"] = "tlh"  # a language without a spaCy tokenizer
+    config.write_text(json.dumps(settings))
+    try:
+        refused = han_model("shadow", klingon, "--fraction", "1", "--wait", "30")
+        assert refused.returncode == 1 and "cannot be shadowed" in refused.stdout and "tlh" in refused.stdout, (
+            refused.stdout + refused.stderr)
+        status = han_model("status", TEST_MODEL_NAME)
+        assert f"serving {server.model_tag} (pinned" in status.stdout, status.stdout + status.stderr
+    finally:  # the session's server serves han-test:latest: a restarted worker must find its version there
+        han_model("shadow", TEST_MODEL_NAME, "--stop")
+        shutil.rmtree(config.parent)
+        (config.parent.parent / "latest").write_text(server.model_tag.split(":")[1])
