@@ -108,8 +108,8 @@ class ModelFollower:
     def poll(self) -> None:
         if self.name is None:  # pinned: nothing to follow, only the report
             if self.report_as is not None and time.monotonic() - self._reported >= REPORT_SECONDS:
+                self._reported = time.monotonic()  # first: a store it may not write (a bento's) is tried seldom
                 report_replica(self.report_as, self.current.tag, None, shadow=self.shadow_status(), pinned=True)
-                self._reported = time.monotonic()
             return
         stamp = pointer_stamp(self.name)
         if stamp != self._stamp:
