@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from labeling.outputs import config_path, write_next, write_rows
+from labeling.outputs import WriteError, config_path, write_next, write_rows
 from labeling.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 OUTPUTS = (".json", ".jsonl")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
         apply_defaults()
         return {"next": run_next, "import": run_import}[args.command](args)
-    except LabelError as e:
+    except (LabelError, WriteError) as e:
         print(f"han-label: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,6 +17,10 @@ def config_path(out: Path) -> Path:
     return out.with_name(out.name[: -len(out.suffix)] + ".label-config.xml")
 
 
+class WriteError(Exception):
+    """A file han-label writes could not be written (a full disk): one line naming it and the system's reason."""
+
+
 def write_next(out: Path, records: list[dict[str, Any]], labels: list[str], multi: bool) -> None:
     """han-label next's queue: Label Studio tasks and their labelling config (.json), or JSON Lines."""
     from labeling.label_studio import label_config, task
@@ -28,21 +32,52 @@ def write_next(out: Path, records: list[dict[str, Any]], labels: list[str], mult
                   r["model_version"], [(s["start"], s["end"], s["text"]) for s in r["top_sentences"]],
                   {"margin": r["margin"], **({"split": r["split"]} if "split" in r else {})}) for r in records]
     config = label_config(labels, multi)
-    atomic(config_path(out), lambda f: f.write(config))
-    atomic(out, lambda f: json.dump(tasks, f, ensure_ascii=False, indent=1))
+    # both written before either replaces its file: a queue is never left beside another round's config
+    atomic_all([(out, lambda f: json.dump(tasks, f, ensure_ascii=False, indent=1)),
+                (config_path(out), lambda f: f.write(config))])
 
 
 def atomic(path: Path, write: Callable[[IO[str]], Any]) -> None:
     """Write a whole file or none: a temporary file beside it, renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    atomic_all([(path, write)])
+
+
+def atomic_all(files: list[tuple[Path, Callable[[IO[str]], Any]]]) -> None:
+    """Write every file whole or none (a failure leaves no temporary file): each to a temporary file beside it,
+    then all renamed over theirs. A failed write is a WriteError naming the file."""
+    done: list[tuple[str, Path]] = []
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            write(f)
-        as_created(tmp)
-        os.replace(tmp, path)
+        for path, write in files:
+            done.append((_temporary(path), path))
+            try:
+                with open(done[-1][0], "w", encoding="utf-8") as f:
+                    write(f)
+            except OSError as e:
+                raise _cannot_write(path, e) from None
+        for tmp, path in done:
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise _cannot_write(path, e) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in done:
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _temporary(path: Path) -> str:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _cannot_write(path, e) from None
+    os.close(fd)
+    as_created(tmp)
+    return tmp
+
+
+def _cannot_write(path: Path, e: OSError) -> WriteError:
+    reason = os.strerror(e.errno) if e.errno else e.strerror or str(e)  # Arrow's strerror is a paragraph
+    return WriteError(f"{path}: cannot write ({reason})")
 
 
 def as_created(path: str) -> None:
@@ -74,12 +109,13 @@ def write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        os.close(fd)
+        tmp = _temporary(out)
         try:
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-            as_created(tmp)
             os.replace(tmp, out)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            raise _cannot_write(out, e) from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

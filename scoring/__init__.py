@@ -10,6 +10,7 @@
     partial.py      atomic chunk commits, the manifest, --resume, the final merge
     progress.py     the progress bar and the summary
     ray_engine.py   --engine ray: Ray Data reads, an actor pool calling score.score_batch, part-file output
+    ray_output.py   --engine ray's output folders: written beside OUTPUT, renamed into place when done
     read_causes.py  the row a failed Ray Data read of JSON Lines or CSV stopped at
     environment.py  the environment variables han-score sets for the processes it starts
     __main__.py     ``python -m scoring``
@@ -24,3 +25,7 @@ class BatchError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM after a run began writing: the message says what it leaves behind."""

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scoring import BatchError
+from scoring import BatchError, Interrupted
 from scoring.arguments import build_parser, default_workers, deprecated
 from scoring.progress import print_summary
 from scoring.workers import Workers, interrupt
@@ -64,12 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     except BatchError as e:
         print(f"han-score: error: {e}", file=sys.stderr)
         return e.code
-    except KeyboardInterrupt:
-        print(
-            f"han-score: interrupted; committed chunks are kept in {args.output}.parts "
-            "(rerun with --resume to continue)",
-            file=sys.stderr,
-        )
+    except Interrupted as e:  # what the interrupted run leaves, as it found it
+        print(f"han-score: interrupted; {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before anything was written (the Ray engine's own output: removed)
+        print("han-score: interrupted; nothing written", file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():
@@ -158,6 +157,7 @@ def _check_and_run(
         source = read.open_input(input_path, args.text_column, args.id_column)
     except read.InputError as e:
         raise BatchError(str(e)) from None
+    source = _as_started(args, output, source)
     model_dir, saved = _resolve_model(args.model)
     spec = formats.OutputSpec(
         list(saved.labels),
@@ -192,8 +192,64 @@ def _check_and_run(
     partial = PartialOutput(output, fmt)
     try:
         return _run_job(args, source, partial, job, Scorer(pool, model_dir, saved, options), workers, started)
+    except KeyboardInterrupt:
+        raise Interrupted(_left_behind(partial)) from None
     finally:
         partial.unlock()
+
+
+def _as_started(args: argparse.Namespace, output: Path, source: Any) -> Any:
+    """--resume of a partial run that an earlier release started without --id-column: that release read ids only
+    with the flag, where this one takes a column named id. The run goes on as it began, without ids, so that
+    its rows are alike (and its manifest's settings are this run's)."""
+    from dataclasses import replace
+
+    from scoring import partial, read
+
+    if not args.resume or args.overwrite or args.id_column is not None or source.id_column != read.DEFAULT_ID_COLUMN:
+        return source
+    recorded = partial.recorded_job(output)
+    if not recorded or "id_column" not in recorded or recorded["id_column"] is not None:
+        return source
+    print(f"han-score: note: {partial.parts_dir(output)} was started without ids (by a release that read them only "
+          f"with --id-column): resumed so, its column {read.DEFAULT_ID_COLUMN!r} not read", file=sys.stderr)
+    return replace(source, id_column=None, id_is_int=False)
+
+
+def _left_behind(partial: Any) -> str:
+    """What an interrupted run leaves, for its last line: committed chunks (kept for --resume), or nothing (a
+    folder committing no row is removed: it would only stop a plain rerun)."""
+    if partial.manifest.get("state") == "merged":  # finished, or only the folder's removal was left
+        done = f"the output {partial.output} is complete"
+        return done + (f"; rerun with --resume to remove {partial.dir}" if partial.dir.exists() else "")
+    if not partial.locked:  # interrupted before it took OUTPUT.parts: this run wrote nothing there
+        return "nothing written"
+    if _drop_if_empty(partial):
+        return "no chunk was committed; nothing written"
+    return f"committed chunks are kept in {partial.dir} (rerun with --resume to continue)"
+
+
+def _failed_note(partial: Any, job_run: Any) -> str:
+    """After a failure midway: the committed rows kept for --resume, or nothing (no chunk committed)."""
+    return "no chunk was committed; nothing written" if _drop_if_empty(partial) else job_run.committed_note()
+
+
+def _drop_if_empty(partial: Any) -> bool:
+    """Remove OUTPUT.parts if this process holds it and its manifest (on disk: this process's copy is a step
+    ahead while a commit is written) commits no row; whether it did."""
+    import contextlib
+
+    from scoring.formats import OutputError
+
+    try:
+        manifest = partial.read_manifest() if partial.locked else {"state": "not ours"}
+    except OutputError:  # unreadable: not ours to judge
+        return False
+    if manifest is None or (manifest["state"] == "running" and not manifest["parts"]):
+        with contextlib.suppress(OSError):
+            partial.remove()
+        return True
+    return False
 
 
 def _run_job(
@@ -222,11 +278,10 @@ def _run_job(
     try:
         summary = job_run.run()
     except (read.InputError, formats.OutputError, WorkerError, OSError) as e:
-        raise BatchError(f"{e}; {job_run.committed_note()}", code=1) from None
+        raise BatchError(f"{e}; {_failed_note(partial, job_run)}", code=1) from None
     except BatchError as e:
-        raise BatchError(f"{e}; {job_run.committed_note()}", code=e.code) from None
-    if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        raise BatchError(f"{e}; {_failed_note(partial, job_run)}", code=e.code) from None
+    _write_summary(args, summary)
     if not args.quiet:
         print_summary(summary)
     return 0
@@ -243,11 +298,38 @@ def _run_ray(args: argparse.Namespace) -> int:
         raise BatchError(f"--engine ray needs Ray Data: pip install '.[ray]' ({e})") from None
     ray_engine.check_paths(args)
     summary = ray_engine.run(args, lambda: _resolve_model(args.model))
-    if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    if not args.quiet:
-        ray_engine.print_summary(summary)
+    try:
+        _write_summary(args, summary)
+        if not args.quiet:
+            ray_engine.print_summary(summary)
+    except KeyboardInterrupt:
+        raise Interrupted(f"the output {args.output} is complete") from None
     return 0
+
+
+def _write_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """--summary-json, whole or not at all: a full disk there is one line (status 1), the output being complete."""
+    if not args.summary_json:
+        return
+    import os
+    import tempfile
+
+    path = Path(args.summary_json)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # as a file written in place gets, not mkstemp's 0600
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        reason = os.strerror(e.errno) if e.errno else e.strerror or e
+        raise BatchError(f"--summary-json {path}: cannot write ({reason}); the output {args.output} is complete",
+                         code=1) from None
 
 
 def _resolve_model(ref: str | None) -> tuple[str, Any]:
@@ -262,34 +344,54 @@ def _resolve_model(ref: str | None) -> tuple[str, Any]:
 
 
 def _open_partial(partial: Any, job: dict[str, Any], args: argparse.Namespace) -> Any:
-    """Start, resume or refuse, depending on what exists at OUTPUT; None when OUTPUT is already complete."""
+    """Start, resume or refuse, depending on what exists at OUTPUT; None when OUTPUT is already complete.
+    OUTPUT.parts that cannot be written (a full disk) is one line, and left as found, or removed if it commits
+    nothing (it would stop the rerun)."""
+    from scoring.formats import OutputError
+
+    try:
+        return _open_or_start(partial, job, args)
+    except OutputError:
+        _drop_if_empty(partial)
+        raise
+
+
+def _open_or_start(partial: Any, job: dict[str, Any], args: argparse.Namespace) -> Any:
     output = partial.output
     if partial.dir.exists():
         partial.lock()
         manifest = partial.read_manifest() if not args.overwrite else None
-        if args.overwrite or (args.resume and manifest is None):
+        if manifest is None or (manifest["state"] == "running" and not manifest["parts"]):
+            if output.exists() and not args.overwrite:  # no row committed: nothing to resume, nothing to keep
+                partial.remove()
+                return _existing(output, args)
             partial.start(job)
         elif args.resume:
-            changed = sorted(k for k in job if manifest["job"].get(k) != job[k])
+            recorded = manifest["job"]
+            changed = [f"{k} {json.dumps(recorded.get(k))} there, {json.dumps(job[k])} now"
+                       for k in job if recorded.get(k) != job[k]]
             if changed:
                 raise BatchError(
-                    f"{partial.dir} holds a partial run with other settings ({', '.join(changed)} differ); "
+                    f"{partial.dir} holds a partial run with other settings ({'; '.join(changed)}); "
                     "rerun it with the same ones, or pass --overwrite to start over"
                 )
             partial.resume(manifest)
         else:
-            done = manifest["counts"]["read"] if manifest else 0
+            done = manifest["counts"]["read"]
             raise BatchError(
                 f"{output}: an interrupted run left partial output in {partial.dir} ({done:,} rows committed); "
                 "pass --resume to continue it or --overwrite to start over"
             )
         return partial
     if output.exists() and not args.overwrite:
-        if args.resume:
-            return None
-        raise BatchError(f"{output} already exists; pass --overwrite to replace it")
+        return _existing(output, args)
     partial.lock()
     partial.start(job)
     return partial
 
 
+def _existing(output: Path, args: argparse.Namespace) -> None:
+    """A finished OUTPUT, no --overwrite: nothing to do with --resume, else refused."""
+    if args.resume:
+        return None
+    raise BatchError(f"{output} already exists; pass --overwrite to replace it")

@@ -35,6 +35,20 @@ def parts_dir(output: Path) -> Path:
     return output.with_name(output.name + ".parts")
 
 
+def cannot_write(path: Path | str, e: OSError) -> OutputError:
+    """One line naming the file and the system's reason (a full disk's write names no file itself)."""
+    return OutputError(f"{path}: cannot write ({os.strerror(e.errno) if e.errno else e.strerror or e})")
+
+
+def recorded_job(output: Path) -> dict[str, Any] | None:
+    """The settings a partial run at OUTPUT was started with, read without a lock; None if none can be read."""
+    try:
+        manifest = json.loads((parts_dir(output) / "manifest.json").read_text(encoding="utf-8"))
+        return manifest["job"] if manifest.get("format") == MANIFEST_FORMAT else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 class PartialOutput:
     """``OUTPUT.parts/``: committed chunks of a job and the manifest that records them."""
 
@@ -51,14 +65,21 @@ class PartialOutput:
 
     def lock(self) -> None:
         """Hold an exclusive lock on the folder for this process's life (released even by kill -9)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:
+            raise cannot_write(self.dir / ".lock", e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise OutputError(f"{self.output}: another han-score run is writing this output right now") from None
         self._lock_fd = fd
+
+    @property
+    def locked(self) -> bool:
+        return self._lock_fd is not None
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -187,12 +208,18 @@ class PartialOutput:
 
 
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``path`` whole or unchanged; a failed write (a full disk) leaves no temporary file and is one line."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise cannot_write(path, e) from None
 
 
 def _fsync_dir(path: Path) -> None:

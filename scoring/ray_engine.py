@@ -5,7 +5,8 @@ as a stream of blocks; ``map_batches`` sends them to an actor pool in which each
 model once (``RayScorer``) and calls ``scoring.score.score_batch``, the function the local engine
 uses too, then writes the batch's rows with the local engine's writers (``scoring.formats``). Ray
 retries a batch whose actor died and restarts the actor, and the retry rewrites the same part files,
-so a killed worker loses and duplicates no rows. Output and errors are folders of part files.
+so a killed worker loses and duplicates no rows. Output and errors are folders of part files, written
+beside OUTPUT and put in place when the job is done (``scoring.ray_output``).
 
 A distributed read has no global row index, so this engine needs ``--id-column`` to name rows:
 its output has ``id`` where the local engine has ``row`` (and ``id``). Ray is imported only here.
@@ -25,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scoring import BatchError
+from scoring import BatchError, Interrupted
 from scoring.formats import errors_path
+from scoring.ray_output import RayOutput, exists, filesystem
 from scoring.read import arrow_csv_as_text, id_column_of
 from scoring.read_causes import read_cause
 from scoring.score import ScoringOptions
@@ -85,8 +87,10 @@ def _write(folder: str, name: str, table: Any) -> None:
     """``table`` as the file ``folder/name``, written as the local engine writes its output format."""
     from scoring.formats import write_csv, write_jsonl
 
-    fs, path = _filesystem(folder)
-    fs.create_dir(path, recursive=True)
+    fs, path = filesystem(folder)
+    # A local OUTPUT is written in its staging folder (``ray_output``), never made again here once removed
+    # (the job interrupted): an actor still running then fails instead of leaving a folder behind.
+    fs.create_dir(path, recursive="://" in folder)
     with fs.open_output_stream(f"{path}/{name}") as f:
         if name.endswith(".parquet"):
             import pyarrow.parquet as pq
@@ -123,7 +127,7 @@ def check_paths(args: argparse.Namespace) -> None:
     checked before anything slow starts."""
     input_format(args.input, getattr(args, "input_format", None))
     output_format(args.output)
-    if not args.overwrite and (_exists(args.output) or _exists(errors_path(args.output, folder=True))):
+    if not args.overwrite and (exists(args.output) or exists(errors_path(args.output, folder=True))):
         raise BatchError(f"{args.output} already exists; pass --overwrite to replace it")
 
 
@@ -231,17 +235,23 @@ def run(args: argparse.Namespace, model: Callable[[], tuple[str, Any]]) -> dict[
     started = time.monotonic()
     fmt = input_format(args.input, getattr(args, "input_format", None))
     connected_here = init_ray(args.address, args.num_cpus, args.quiet)
+    summary = None
     try:
-        return _score(args, model, fmt, started)
+        summary = _score(args, model, fmt, started)
+        return summary
     finally:
         if connected_here:
-            stop_ray()
+            try:
+                stop_ray()
+            except KeyboardInterrupt:
+                if summary is None:
+                    raise
+                raise Interrupted(f"the output {args.output} is complete") from None
 
 
 def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: str, started: float) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
-    import pyarrow.fs as pafs
     import ray.data
 
     from scoring.formats import OutputSpec
@@ -287,10 +297,11 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     # A tenth of a CPU, as the reads: at Ray Data's default of one, beside the actors' half each, a
     # one-CPU Ray (`--num-cpus 1`, a one-core machine) never scheduled it and the job waited forever.
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])), num_cpus=0.1)
+    written = RayOutput(args.output, errors)  # a folder beside OUTPUT until the job is done
     scored = ds.map_batches(
         RayScorer,
-        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, errors,
-                             args.output, output_format(args.output)),
+        fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, written.errors,
+                             written.output, output_format(args.output)),
         batch_size=args.window,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=concurrency),
@@ -300,29 +311,17 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
         # Ray Data restarts a dead actor and retries its batch (max_restarts, max_task_retries: -1).
         num_cpus=0.5,
     )
-    for path in (args.output, errors):  # --overwrite: only now that the job can start
-        _remove(path)
-    fs, folder = _filesystem(args.output)
-    fs.create_dir(folder, recursive=True)  # the output folder exists even when no row could be scored
-    n_scored = n_errors = n_parts = 0
+    written.open()  # only now that the job can start
     try:
-        # One streaming pass: blocks are read, scored and written by the actors as they come; what
-        # reaches this process is each batch's two counts (only a batch's successful attempt counts).
-        for counts in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
-            scored_per_batch = counts.column("scored").to_pylist()
-            n_scored += sum(scored_per_batch)
-            n_parts += sum(1 for n in scored_per_batch if n)  # a batch with scored rows writes one part file
-            n_errors += sum(counts.column("errors").to_pylist())
-    except Exception as e:
-        raise BatchError(f"the Ray job failed: {_one_line(e)}", code=1) from None
-    # Part files are named after their batch's ids and texts, so two identical batches (the same
-    # rows twice in the input) would share one file: a listing of the folder shows it.
-    files = len(fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
-    if files != n_parts:
-        raise BatchError(
-            f"{args.output}: {n_parts - files:,} batches of rows repeat earlier ones (the same ids and texts) and "
-            "share their part file; give each row a unique --id-column", code=1,
-        )
+        n_scored, n_errors = _stream(args, scored, written)
+        written.place()
+    except BaseException as e:  # interrupted or failed: no OUTPUT that looks finished
+        left = written.discard()
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(left) from None
+        if isinstance(e, BatchError):
+            raise BatchError(f"{e}; {left}", code=e.code) from None
+        raise
     elapsed = time.monotonic() - started
     return {
         "engine": "ray",
@@ -339,29 +338,31 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     }
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
-    """The pyarrow filesystem and the path on it, for a local path or a URI such as ``s3://``."""
+def _stream(args: argparse.Namespace, scored: Any, written: RayOutput) -> tuple[int, int]:
+    """Run the job and check its part files; the rows scored and failed."""
     import pyarrow.fs as pafs
 
-    return pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
-
-
-def _exists(path: str) -> bool:
-    import pyarrow.fs as pafs
-
-    fs, p = _filesystem(path)
-    return fs.get_file_info(p).type != pafs.FileType.NotFound
-
-
-def _remove(path: str) -> None:
-    import pyarrow.fs as pafs
-
-    fs, p = _filesystem(path)
-    kind = fs.get_file_info(p).type
-    if kind == pafs.FileType.Directory:
-        fs.delete_dir(p)
-    elif kind == pafs.FileType.File:
-        fs.delete_file(p)
+    n_scored = n_errors = n_parts = 0
+    try:
+        # One streaming pass: blocks are read, scored and written by the actors as they come; what
+        # reaches this process is each batch's two counts (only a batch's successful attempt counts).
+        for counts in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
+            scored_per_batch = counts.column("scored").to_pylist()
+            n_scored += sum(scored_per_batch)
+            n_parts += sum(1 for n in scored_per_batch if n)  # a batch with scored rows writes one part file
+            n_errors += sum(counts.column("errors").to_pylist())
+    except Exception as e:
+        raise BatchError(f"the Ray job failed: {_one_line(e)}", code=1) from None
+    # Part files are named after their batch's ids and texts, so two identical batches (the same
+    # rows twice in the input) would share one file: a listing of the folder shows it.
+    fs, folder = filesystem(written.output)
+    files = len(fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
+    if files != n_parts:
+        raise BatchError(
+            f"{args.output}: {n_parts - files:,} batches of rows repeat earlier ones (the same ids and texts) and "
+            "share their part file; give each row a unique --id-column", code=1,
+        )
+    return n_scored, n_errors
 
 
 def print_summary(summary: dict[str, Any]) -> None:

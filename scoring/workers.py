@@ -40,7 +40,8 @@ def interrupt(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
+def ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (with ``interrupt`` as their handler) wait until the block is done, then raise."""
     global _held, _caught
     _held += 1
     try:
@@ -60,7 +61,7 @@ def wait_first(futures: Collection[Future[Any]], timeout: float | None) -> set[F
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         step = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-        with _ctrl_c_held():
+        with ctrl_c_held():
             done, _ = wait(futures, timeout=step, return_when=FIRST_COMPLETED)
         if done or (deadline is not None and time.monotonic() >= deadline):
             return done

@@ -579,16 +579,23 @@ def test_resume_refuses_a_partial_run_with_other_settings(tmp_path: Path, tiny_m
     source = write_input(tmp_path / "in.jsonl", input_rows(copies=3))
     output = tmp_path / "out.jsonl"
     parts = tmp_path / "out.jsonl.parts"
-    # Leave a partial run behind: a committed manifest, as after a kill.
-    from scoring.formats import JsonLinesFormat, OutputSpec
+    # Leave a partial run behind: a manifest committing a chunk, as after a kill.
+    from scoring.formats import Chunk, JsonLinesFormat, OutputSpec
     from scoring.partial import PartialOutput
+    from scoring.score import ScoringOptions, score_texts
 
     partial = PartialOutput(output, JsonLinesFormat(OutputSpec(["neg", "pos"], False, False, False, False)))
     partial.lock()
     partial.start({"input": "something else"})
+    chunk = Chunk(partial.fmt.spec)
+    texts = [r["text"] for r in input_rows()[:2]]
+    chunk.add([0, 1], [None, None], score_texts(Pipeline.from_directory(tiny_model_dir), texts,
+                                                ScoringOptions(None, 3, 5)))
+    partial.commit(chunk, 2, 0.0)
     partial.unlock()
     assert score(source, output, tiny_model_dir, "--workers", "1", "--resume") == 2
-    assert "other settings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f'other settings (input "something else" there, "{source.resolve()}" now; ' in err, err
     assert parts.exists()
     assert score(source, output, tiny_model_dir, "--workers", "1", "--overwrite") == 0
     assert not parts.exists() and len(read_output(output)) == 3 * 32

@@ -338,3 +338,36 @@ def test_a_failed_read_is_named_by_its_row(tmp_path: Path) -> None:
     good.write_text('{"id": 0, "text": "x"}\n{"id": 1.5, "text": null}\n')
     assert read_cause(str(good), "json") is None  # numbers of both kinds and nulls are Arrow's to take
     assert read_cause("s3://bucket/a.jsonl", "json") is None and read_cause(str(good), "parquet") is None
+
+
+@pytest.mark.parametrize("how", ["Ctrl-C", "kill -9"])
+def test_an_interrupted_or_killed_job_leaves_no_output_that_looks_finished(
+    tmp_path: Path, tiny_model_dir: Path, local_ray: None, how: str
+) -> None:
+    """The actors write beside OUTPUT (OUTPUT.incomplete/), renamed into place only when the job is done: cut
+    short after its first part files, a job leaves no OUTPUT (which pandas would read as whole), Ctrl-C says
+    so in one line, and the same command again scores every row once."""
+    n = 4000
+    src = _input(tmp_path / "in.parquet", n)
+    out = tmp_path / "out.parquet"
+    cmd = [str(src), str(out), "--engine", "ray", "--model", str(tiny_model_dir), "--id-column", "doc_id",
+           "--concurrency", "2", "--window", "50", "--quiet"]
+    address = ray.get_runtime_context().gcs_address
+    job = subprocess.Popen([sys.executable, "-m", "scoring", *cmd, "--address", address], stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.rglob("part-*.parquet")):
+        assert job.poll() is None and time.monotonic() < deadline, "no part file was written"
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT if how == "Ctrl-C" else signal.SIGKILL)
+    _, err = job.communicate(timeout=120)
+    assert not out.exists() and not Path(f"{out}.errors").exists()
+    if how == "Ctrl-C":
+        assert job.returncode == 130
+        assert err.strip().splitlines()[-1] == "han-score: interrupted; nothing written", err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+    assert main(cmd) == 0  # what a killed run left is no obstacle
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "out.parquet", "out.parquet.errors"]
+    ids = _read_folder(out).column("id").to_pylist() + _read_folder(Path(f"{out}.errors"), "json").column(
+        "id").to_pylist()
+    assert sorted(ids) == list(range(n))
