@@ -228,6 +228,7 @@ def rollback(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from model_store.upgrade import served_before
     from monitoring.shadow import read_shadow
 
     name = split_tag(args.name)[0]
@@ -239,6 +240,8 @@ def status(args: argparse.Namespace) -> int:
                                      "(`bentoml models list` shows the names there)")
         print(f"{name}: production is {first} (its first registered version; no pointer written yet)" if first
               else f"{name}: no version in the model store")
+        if first and (note := served_before(name)):
+            print(f"  {note}")
     else:
         print(f"{name}: production is {record['tag']}")
         for entry in record.get("history", [])[-10:]:

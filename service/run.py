@@ -24,6 +24,7 @@ from pathlib import Path
 from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, default_model_tag, first_version, resolve_tag
 from model_store.production import MODEL_TAG_ENV, follows_pointer, production_tag, split_tag
+from model_store.upgrade import served_before
 from service.auth import KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
 from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if (why := missing_model(tag)) is not None:
             sys.exit(f"error: training finished but {why}")
 
+    if follows_pointer(tag) and (note := served_before(split_tag(tag)[0])):  # a store an earlier release made
+        print(note, flush=True)
     host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     scheme = "https" if args.ssl_certfile else "http"
     url = f"{scheme}://{host}:{args.port}"

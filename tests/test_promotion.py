@@ -349,7 +349,10 @@ def test_a_store_from_before_the_pointer_serves_its_first_version(tmp_path: Path
     def history() -> list[tuple[str, str]]:
         return [(entry["action"], entry["tag"]) for entry in json.loads(pointer.read_text())["history"]]
 
-    assert f"production is {first}" in han_model(home, "status", name).stdout
+    shown = han_model(home, "status", name).stdout
+    assert f"production is {first}" in shown
+    # the upgrade changed what such a store serves (the latest, before): said, with the way back to it
+    assert f"Releases before the pointer served the latest, {later}" in shown, shown
     refused = han_model(home, "promote", later, "--data", str(DATA))
     assert refused.returncode == 1 and f"worse than {first}" in refused.stderr, refused.stderr
     assert history() == [("adopt", first)]
