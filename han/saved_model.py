@@ -9,7 +9,12 @@ classifies never imports torch.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import secrets
+import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,9 +95,25 @@ class SavedModel:
         return self._model
 
     def save(self, directory: str | Path) -> Path:
-        """Write the model directory (created if needed) and return its path."""
+        """Write the model directory and return its path. It is written whole beside ``directory`` and
+        swapped in with one rename (the old one removed after), so that a reader, or a fit killed while it
+        exports, finds the old model or the new one: never a mix of two fits, nor a file of the old one."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        target = directory.resolve() if directory.is_symlink() else directory
+        if target.exists() and not target.is_dir():
+            raise FileExistsError(f"{target}: exists and is not a model directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(target)
+        staging = target.parent / f".{target.name}.saving-{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+        staging.mkdir()
+        try:
+            self._write(staging)
+            _swap_in(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # after the swap: the old model
+        return directory
+
+    def _write(self, directory: Path) -> None:
         config = {
             "format_version": FORMAT_VERSION,
             "model": self.config.to_dict(),
@@ -111,13 +132,10 @@ class SavedModel:
         (directory / LABELS_FILE).write_text(json.dumps(self.labels, ensure_ascii=False), encoding="utf-8")
         tensors = {k: np.ascontiguousarray(v) for k, v in self.weights.items()}
         save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-        (directory / NgramHead.FILE).unlink(missing_ok=True)
         if self.ngrams is not None:
             self.ngrams.save(directory)
-        (directory / PROFILE_FILE).unlink(missing_ok=True)
         if self.profile is not None:
             (directory / PROFILE_FILE).write_text(json.dumps(self.profile, ensure_ascii=False), encoding="utf-8")
-        return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> SavedModel:
@@ -174,6 +192,56 @@ class SavedModel:
         ngrams = _ngram_head(directory, config.get("ngram_head"), len(labels), model_config.multi_label)
         return cls(None, vocab, labels, segmenter, threshold, temperature, config.get("metadata", {}), ngrams,
                    read_profile(directory), config=model_config, weights=weights)
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Put the folder ``new`` at ``target`` in one rename; an existing ``target`` is exchanged with it
+    (Linux renameat2), so ``new`` then holds the old one. Where the exchange is not supported, two
+    renames, the old one kept aside until the new one is in place (``_sweep`` puts it back if killed)."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    if _exchange(new, target):
+        return
+    aside = new.with_name(new.name.replace(".saving-", ".old-", 1))
+    os.rename(target, aside)
+    os.rename(new, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _sweep(target: Path) -> None:
+    """Remove what killed saves of this host left beside ``target``; a model kept aside by a save killed
+    between its two renames (no exchange) goes back to ``target`` if nothing replaced it."""
+    for path in sorted(p for p in target.parent.iterdir() if p.name.startswith(f".{target.name}.")):
+        kind, _, owner = path.name[len(target.name) + 2:].partition("-")
+        host, _, pid = owner.rpartition(".")[0].rpartition(".")
+        if kind not in ("saving", "old") or host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind == "old" and not target.exists():
+            os.rename(path, target)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_profile(directory: str | Path) -> dict[str, Any] | None:

@@ -7,15 +7,14 @@ folder for that tag, so nothing is pickled and any tool can open it with ``Saved
 ``NAME:production`` (or ``NAME`` alone) is the version the production pointer names
 (``model_store.production``): a name's first registered version, then whatever ``han-model promote``
 or ``rollback`` put there; never simply the latest, so a new fit is served only once promoted.
+A version appears in the store whole or not at all, and a folder there that is not a whole version is
+never chosen (``model_store.versions``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import bentoml
-from bentoml.exceptions import BentoMLException, NotFound
 
 from model_store.production import (
     PRODUCTION,
@@ -26,6 +25,7 @@ from model_store.production import (
     set_pointer,
     split_tag,
 )
+from model_store.versions import find_version, open_version, store_dir, whole_versions, write_version
 
 if TYPE_CHECKING:  # torch and spaCy load only where a model does: han-model status starts in a second
     from han.pipeline import Pipeline
@@ -64,9 +64,7 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
     meta = {**saved.metadata, **(metadata or {})}
     saved.metadata = meta
     labels = {"task": "multi-label" if saved.config.multi_label else "single-label"}
-    with bentoml.models.create(name, labels=labels, metadata=_json_safe(meta)) as model:
-        saved.save(model.path)
-    tag = str(model.tag)
+    tag = write_version(name, labels, _json_safe(meta), saved.save)  # whole, or absent if the fit is killed
     if production_tag(name) is None:  # the name's first version: it becomes production (later ones wait for promote)
         with locked(name, wait=True):
             adopt_production(name, registered=tag)
@@ -74,14 +72,15 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
 
 
 def first_version(name: str) -> str | None:
-    """The name's first-registered version (earliest creation time), or None when it has none."""
-    try:
-        models = bentoml.models.list(name)
-    except (NotFound, BentoMLException, ValueError):
-        return None
-    if not models:
-        return None
-    return str(min(models, key=lambda m: (m.info.creation_time, str(m.tag))).tag)
+    """The name's first-registered whole version (earliest creation time), or None when it has none."""
+    models = whole_versions(name)
+    return str(models[0].tag) if models else None
+
+
+def latest_version(name: str) -> str | None:
+    """The name's last-registered whole version (BentoML's ``latest`` file may name a half-written one)."""
+    models = whole_versions(name)
+    return str(models[-1].tag) if models else None
 
 
 def production_version(name: str) -> str | None:
@@ -102,16 +101,22 @@ def adopt_production(name: str, registered: str | None = None) -> str | None:
 
 def _stored(ref: str) -> Any:
     """The BentoML model a tag names now: ``NAME`` and ``NAME:production`` the production version
-    (``production_version``), ``NAME:latest`` the latest. ModelNotFoundError if none."""
+    (``production_version``), ``NAME:latest`` the latest whole one. ModelNotFoundError if none, or if the
+    version's ``model.yaml`` cannot be read (one line naming its folder)."""
+    name, version = split_tag(str(ref))
+    name = name.lower()  # as BentoML stores it
     if follows_pointer(ref):
-        name = split_tag(ref)[0]
         ref = production_version(name) or f"{name}:latest"
-    try:
-        return bentoml.models.get(str(ref))
-    except (NotFound, BentoMLException, ValueError) as e:
-        raise ModelNotFoundError(
-            f"no BentoML model named {str(ref)!r} (train one with `han-train fit`, or see `bentoml models list`)"
-        ) from e
+        name, version = split_tag(ref)
+    if version == "latest":
+        version = split_tag(latest_version(name) or "")[1]
+    if version is None or (version := find_version(name, version.lower())) is None:
+        raise ModelNotFoundError(f"no BentoML model named {str(ref)!r} (train one with `han-train fit`, or see "
+                                 "`bentoml models list`)")
+    model, why = open_version(name, version, files=False)  # chosen ones are whole; loading names a missing file
+    if model is None:
+        raise ModelNotFoundError(f"{store_dir() / name / version}: {why}")
+    return model
 
 
 def resolve_tag(ref: str) -> str:
@@ -127,7 +132,8 @@ def model_path(ref: str | Path) -> Path:
     try:
         return Path(_stored(str(ref)).path)
     except ModelNotFoundError as e:
-        raise ModelNotFoundError(f"no model directory or {e.args[0].removeprefix('no ')}") from None
+        found = e.args[0]
+        raise ModelNotFoundError(f"no model directory or {found[3:]}" if found.startswith("no ") else found) from None
 
 
 class ModelOpenError(RuntimeError):

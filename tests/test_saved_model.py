@@ -120,3 +120,47 @@ def test_repeated_labels_and_a_tensor_numpy_cannot_read_are_named(tiny_model_dir
     save_file(weights, str(broken / "model.safetensors"))
     with pytest.raises(ModelDirectoryError, match="model.safetensors: unreadable or mismatched weights"):
         SavedModel.load(broken)
+
+
+# Saves the model directory argv[1] into argv[2]; once the weights are written it pauses, so the test can
+# kill the process in the middle of the save.
+_SLOW_SAVE = """
+import sys, time
+import han.saved_model as sm
+real = sm.save_file
+def slow(*args, **kwargs):
+    real(*args, **kwargs)
+    print("weights written", flush=True)
+    time.sleep(60)
+sm.save_file = slow
+sm.SavedModel.load(sys.argv[1]).save(sys.argv[2])
+"""
+
+
+def test_a_save_killed_midway_leaves_the_previous_model_whole(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A fit killed while it exports over the previous fit's model directory: the previous model stays,
+    whole and alone (it once became new config and weights beside the old n-gram head and profile)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.tiny_model import with_ngram_head
+
+    previous = with_ngram_head(SavedModel.load(tiny_model_dir), 0.3)
+    previous.profile = {"documents": 3}
+    target = previous.save(tmp_path / "runs" / "model")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    repo = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(tiny_model_dir), str(target)], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "weights written\n", child.stderr
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert SavedModel.load(target).ngrams is not None
+
+    SavedModel.load(tiny_model_dir).save(target)  # the next export replaces it whole: nothing of the old one
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    assert [p.name for p in target.parent.iterdir()] == ["model"]  # what the killed save left is swept
