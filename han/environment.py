@@ -144,3 +144,14 @@ def _glibc() -> Any:
         return libc
     except OSError:
         return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host still runs (its staging folders are then its own, not leftovers)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from han.config import HANConfig
+from han.environment import process_alive
 from han.ngrams import NgramHead
 from han.numpy_forward import check_weights
 from han.segment import LanguageError, SegmenterConfig, check_language
@@ -226,22 +227,13 @@ def _sweep(target: Path) -> None:
     for path in sorted(p for p in target.parent.iterdir() if p.name.startswith(f".{target.name}.")):
         kind, _, owner = path.name[len(target.name) + 2:].partition("-")
         host, _, pid = owner.rpartition(".")[0].rpartition(".")
-        if kind not in ("saving", "old") or host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+        mine = host == socket.gethostname() and pid.isdigit()
+        if kind not in ("saving", "old") or not mine or process_alive(int(pid)):
             continue
         if kind == "old" and not target.exists():
             os.rename(path, target)
         else:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_profile(directory: str | Path) -> dict[str, Any] | None:

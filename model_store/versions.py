@@ -26,6 +26,7 @@ from typing import Any
 import bentoml
 import yaml
 
+from han.environment import process_alive
 from model_store.production import bentoml_home
 
 logger = logging.getLogger("model_store")
@@ -87,18 +88,8 @@ def sweep(folder: Path, prefix: str) -> None:
     this host (a live writer's, or another host's on a shared store, are left alone)."""
     for path in folder.glob(f"{prefix}*") if folder.is_dir() else []:
         host, _, rest = path.name[len(prefix):].rpartition(".")[0].rpartition(".")
-        if host == socket.gethostname() and rest.isdigit() and not _alive(int(rest)):
+        if host == socket.gethostname() and rest.isdigit() and not process_alive(int(rest)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def whole_versions(name: str) -> list[Any]:

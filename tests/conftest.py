@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +77,26 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
             pytest.fail("CI=true but Chromium is missing (apt-get install chromium)")
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     return {**browser_type_launch_args, "executable_path": path, "args": ["--no-sandbox"]}
+
+
+@pytest.fixture()
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a 256 KiB tmpfs filled to the last byte: writes there fail with ENOSPC, as on a full disk."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        with open(folder / "fill", "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        with pytest.raises(OSError) as full, open(folder / "probe", "wb") as f:
+            f.write(b"x")
+            f.flush()
+        assert full.value.errno == errno.ENOSPC
+        (folder / "probe").unlink()
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -4,15 +4,12 @@ true, and leaves nothing half written and nothing that stops the rerun."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,29 +19,6 @@ import pytest
 from scoring.cli import main
 from tests.test_batch import ENV, REPO, input_rows, read_output, reviews, write_input
 from tests.test_labeling import _export, han_label
-
-
-@pytest.fixture()
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a 256 KiB tmpfs filled to the last byte: writes there fail with ENOSPC, as on a full disk."""
-    folder = tmp_path / "full"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        with open(folder / "fill", "wb") as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        with pytest.raises(OSError) as full, open(folder / "probe", "wb") as f:
-            f.write(b"x")
-            f.flush()
-        assert full.value.errno == errno.ENOSPC
-        (folder / "probe").unlink()
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def leftovers(folder: Path) -> list[str]:
