@@ -140,9 +140,10 @@ def _check_out(path: Path, allowed: tuple[str, ...], flag: str) -> None:
         raise LabelError(f"{flag} {path}: folder {path.parent} does not exist")
     if path.is_dir():
         raise LabelError(f"{flag} {path}: is a folder")
-    try:  # a file can be made there: known now, not after the whole pool is scored
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
+    try:  # a file can be made and written there (a full disk): known now, not after the whole pool is scored
+        with tempfile.TemporaryFile(dir=path.parent) as probe:
+            probe.write(bytes(4096))
+            probe.flush()
     except OSError as e:
         raise LabelError(f"{flag} {path}: cannot write in {path.parent} ({e.strerror or e})") from None
 

@@ -4,6 +4,7 @@ true, and leaves nothing half written and nothing that stops the rerun."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -179,12 +180,20 @@ def test_label_next_and_import_on_a_full_disk_are_one_line_and_write_nothing(
     pool.write_text("".join(json.dumps({**r, "label": None}) + "\n" for r in reviews()))
     queue = full_disk / "queue.json"
     done = han_label("next", str(pool), "--n", "6", "--out", str(queue), "--model", str(tiny_model_dir), "--quiet")
-    assert (done.returncode, done.stderr) == (2, f"han-label: error: {queue}: cannot write (No space left on "
-                                                 "device)\n")
+    assert (done.returncode, done.stderr) == (2, f"han-label: error: --out {queue}: cannot write in {full_disk} (No "
+                                                 "space left on device)\n")  # before scoring the pool
     assert leftovers(full_disk) == []
+    fill = full_disk / "fill"
+    os.truncate(fill, fill.stat().st_size - 2 * 4096)  # room for the check, not for the queue and its config
+    done = han_label("next", str(pool), "--n", "6", "--out", str(queue), "--model", str(tiny_model_dir), "--quiet")
+    assert done.returncode == 2 and done.stderr.endswith(": cannot write (No space left on device)\n"), done.stderr
+    assert leftovers(full_disk) == [] and "Traceback" not in done.stderr
+    with open(fill, "ab") as f, contextlib.suppress(OSError):  # full again (a sparse extension takes no room)
+        f.write(bytes(4 * 4096))
+        f.flush()
     for name in ("labelled.jsonl", "labelled.parquet"):
         done = han_label("import", str(_export(tmp_path)), str(full_disk / name), "--model", str(tiny_model_dir))
         assert done.returncode == 2, done.stderr
-        assert done.stderr.splitlines()[-1] == f"han-label: error: {full_disk}/{name}: cannot write (No space left " \
-                                               "on device)", done.stderr
+        assert done.stderr.splitlines()[-1] == f"han-label: error: OUT {full_disk}/{name}: cannot write in " \
+                                               f"{full_disk} (No space left on device)", done.stderr
         assert "Traceback" not in done.stderr and leftovers(full_disk) == []
