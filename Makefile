@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 # The browser tests use the system Chromium; Playwright never downloads one.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: run test test-bento test-label-studio lint install clean
+.PHONY: run test test-ray test-bento test-label-studio lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,12 @@ TEST_JOBS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not bento and not label_studio" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not ray and not bento and not label_studio" $(PYTEST_ARGS)
+
+# han-score's Ray engine (tests/test_scoring_ray.py, about 1.5 minutes: a local Ray cluster per job), apart so
+# that make test stays within ten minutes.
+test-ray: $(STAMP)
+	$(BIN)/python -m pytest -m ray $(PYTEST_ARGS)
 
 # The bento a user ships, built, installed from its own requirements in a fresh virtual environment
 # and served from outside the checkout (tests/test_bento.py, 1.5 to 2.5 minutes: mostly pip).

@@ -25,6 +25,8 @@ except ImportError as missing:  # skipped where ray is not installed, but a hard
 
 from scoring.cli import main
 
+# A local Ray cluster in this process and in each job's: apart from `make test` (`make test-ray`, which .ci/run runs)
+pytestmark = pytest.mark.ray
 TEXTS = ["A wonderful film. I loved it.", "Dull and far too long.", "Great acting, weak plot.", "Terrible. Avoid."]
 
 
