@@ -25,6 +25,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException, SI
 from han.environment import apply_defaults, requested_threads
 from han.saved_model import ModelDirectoryError
 from training import recipe
+from training.checkpoint_io import SameFolderCheckpointIO
 from training.data import HANDataModule
 from training.export import CheckpointError, ExportModel
 from training.module import HANModule
@@ -67,6 +68,12 @@ class HANCLI(LightningCLI):
                 {"class_path": "training.callbacks.PredictionWriter"},
             ],
         })
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        # Checkpoints renamed into place (training.checkpoint_io), unless the config names its own plugins.
+        if not self._get(self.config_init, "trainer", default={}).get("plugins") and "plugins" not in kwargs:
+            kwargs["plugins"] = [SameFolderCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
 
     def parse_arguments(self, parser, args: list[str] | None) -> None:  # type: ignore[no-untyped-def,override]
         # --print_config[=flags] is held back until the recipe has filled the config (before_instantiate_classes).
