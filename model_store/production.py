@@ -87,10 +87,36 @@ def pointer_stamp(name: str) -> tuple[int, int] | None:
 
 def write_json(path: Path, value: Any) -> None:
     """Atomically: a reader sees the old file or the new one, never half of one."""
+    write_durably(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_durably(path: Path, text: str) -> None:
+    """``text`` into a file beside ``path``, on disk before it is renamed over ``path``: after a power
+    cut the file is the old one or the new one, never empty (a rename can reach the disk before data)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path, files: bool = False) -> None:
+    """fsync a folder's entry list (a rename in it), and with ``files`` every file below it first."""
+    for path in sorted(folder.rglob("*")) if files else []:
+        if path.is_file() and not path.is_symlink():
+            handle = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 @contextlib.contextmanager

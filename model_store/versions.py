@@ -27,7 +27,7 @@ import bentoml
 import yaml
 
 from han.environment import process_alive
-from model_store.production import bentoml_home
+from model_store.production import bentoml_home, sync_folder, write_durably
 
 logger = logging.getLogger("model_store")
 STAGING_PREFIX = "han-register-"
@@ -66,15 +66,15 @@ def write_version(name: str, labels: dict[str, str], metadata: dict[str, Any], w
             shutil.copyfile(Path(model.path) / MODEL_YAML, staging / version / MODEL_YAML)
             target = store_dir() / name / version
             target.parent.mkdir(parents=True, exist_ok=True)
+            sync_folder(staging / version, files=True)  # on disk before the rename makes it a version
             os.rename(staging / version, target)  # the last step: before it, the store has no trace of it
+            sync_folder(target.parent)
             raise _Registered
     except _Registered:
         pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    latest = target.parent / f".latest.{os.getpid()}.tmp"  # BentoML writes `latest` in place: a kill cut it
-    latest.write_text(version, encoding="utf-8")
-    os.replace(latest, target.parent / "latest")
+    write_durably(target.parent / "latest", version)  # BentoML writes `latest` in place: a kill cut it
     return f"{name}:{version}"
 
 
@@ -103,7 +103,8 @@ def whole_versions(name: str) -> list[Any]:
                 found.append(model)
             elif path.as_posix() not in _warned:
                 _warned.add(path.as_posix())
-                logger.warning(f"skipped {path}: {why}")
+                logger.warning(f"skipped {path}: {why} (not a whole version: an interrupted registration or a damaged "
+                               f"copy; no command here uses it, and `rm -r {path}` clears it)")
     return sorted(found, key=lambda m: (m.info.creation_time, str(m.tag)))
 
 

@@ -102,6 +102,7 @@ def test_a_half_written_version_is_never_chosen(tiny_model_dir: Path, tmp_path: 
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     assert status.stdout.splitlines()[0].startswith(f"{NAME}: production is {whole}")
     assert all(version in status.stderr for version in ("aaaacutyaml00000", "aaaanoweights000", "aaaalfspointer00"))
+    assert f"`rm -r {store / 'aaaanoweights000'}` clears it" in status.stderr  # what to do about it
     chosen = _run(home, "python", "-c", _CHOOSE, NAME, "aaaacutyaml00000", "aaaanoweights000", "aaaalfspointer00")
     assert chosen.returncode == 0, chosen.stderr
     lines = chosen.stdout.splitlines()
