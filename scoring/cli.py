@@ -14,9 +14,8 @@ and every ``--chunk-size`` rows are committed atomically (``scoring.partial``): 
 any moment and rerun with ``--resume`` ends with every row exactly once. Rows that cannot be
 scored go to ``OUTPUT.errors.jsonl``.
 
-Exit codes: 0 done; 1 the job failed midway (committed chunks are kept; fix and --resume);
-2 nothing was scored (bad arguments, unreadable input, missing column, unknown model,
-existing output); 130 interrupted.
+Exit codes: 0 done; 1 the job failed midway (committed chunks are kept; fix and --resume); 2 nothing was scored
+(bad arguments, unreadable input, missing column, unknown model, existing output); 130 interrupted.
 
 This module imports only the standard library at the top: scoring workers are spawned and
 re-import the ``__main__`` module, which must stay cheap. The heavy imports live in ``run``.
@@ -84,6 +83,7 @@ def _check_written(args: argparse.Namespace) -> None:
     source = Path(args.input).resolve()
     written = [(args.output, "the output"), (errors_path(args.output), "the output's errors file"),
                (errors_path(args.output, folder=True), "the output's errors folder")]
+    written += [(args.output.rstrip("/") + ".lock", "the output's lock file (removed when the run ends)")]
     written += [(args.summary_json, "--summary-json")] if args.summary_json else []
     for path, what in written:
         if Path(path).resolve() == source:
@@ -358,6 +358,9 @@ def _open_partial(partial: Any, job: dict[str, Any], args: argparse.Namespace) -
 
 def _open_or_start(partial: Any, job: dict[str, Any], args: argparse.Namespace) -> Any:
     output = partial.output
+    # OUTPUT.lock, held until the output is in place: what is at OUTPUT is judged under it, and a Ray job (which
+    # takes it too) can neither replace this run's output nor have its own replaced by it.
+    partial.output_lock.take()
     if partial.dir.exists():
         partial.lock()
         manifest = partial.read_manifest() if not args.overwrite else None

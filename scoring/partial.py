@@ -49,6 +49,59 @@ def recorded_job(output: Path) -> dict[str, Any] | None:
         return None
 
 
+def lock_path(output: Path | str) -> Path:
+    """``OUTPUT.lock``: the one lock of an output, whichever engine writes it."""
+    out = Path(str(output).rstrip("/"))
+    return out.with_name(out.name + ".lock")
+
+
+class OutputLock:
+    """``OUTPUT.lock``, held by every han-score run writing OUTPUT for as long as it may write there, whichever
+    its engine: each engine's own folder (``OUTPUT.parts``, ``OUTPUT.incomplete``) is unknown to the other, and a
+    Ray job once replaced a local job's output finished meanwhile. An ``flock`` (free again when its holder dies,
+    even by kill -9); the holder removes the file when it lets go."""
+
+    def __init__(self, output: Path | str) -> None:
+        self.output = output
+        self.path = lock_path(output)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def take(self) -> None:
+        """Hold the lock (already held: nothing to do), or one line saying another run holds it."""
+        while self._fd is None:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            except OSError as e:
+                raise cannot_write(self.path, e) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise OutputError(f"{self.output}: another han-score run is writing this output right now "
+                                  f"({self.path} is held)") from None
+            try:  # the file its last holder removed on letting go is no lock: take the path's file again
+                same = os.path.samestat(os.stat(self.path), os.fstat(fd))
+            except OSError:
+                same = False
+            if same:
+                self._fd = fd
+            else:
+                os.close(fd)
+
+    def release(self) -> None:
+        """Remove the file, then let go (a run waiting on the removed file takes the path's new one)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self._fd)
+        self._fd = None
+
+
 class PartialOutput:
     """``OUTPUT.parts/``: committed chunks of a job and the manifest that records them."""
 
@@ -60,6 +113,7 @@ class PartialOutput:
         self.fmt = fmt
         self.manifest: dict[str, Any] = {}
         self._lock_fd: int | None = None
+        self.output_lock = OutputLock(output)
 
     # -- opening
 
@@ -82,9 +136,11 @@ class PartialOutput:
         return self._lock_fd is not None
 
     def unlock(self) -> None:
+        """Let go of the folder's lock, then of ``OUTPUT.lock``."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        self.output_lock.release()
 
     def read_manifest(self) -> dict[str, Any] | None:
         """The committed manifest, or None if the folder has none (nothing was committed)."""

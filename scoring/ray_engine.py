@@ -124,7 +124,7 @@ def output_format(path: str) -> str:
 
 def check_paths(args: argparse.Namespace) -> None:
     """The input and output types known, and no earlier output in the way unless ``--overwrite``:
-    checked before anything slow starts."""
+    checked before anything slow starts (and again under OUTPUT.lock once Ray is up: ``RayOutput.open``)."""
     input_format(args.input, getattr(args, "input_format", None))
     output_format(args.output)
     if not args.overwrite and (exists(args.output) or exists(errors_path(args.output, folder=True))):
@@ -297,7 +297,7 @@ def _score(args: argparse.Namespace, model: Callable[[], tuple[str, Any]], fmt: 
     # A tenth of a CPU, as the reads: at Ray Data's default of one, beside the actors' half each, a
     # one-CPU Ray (`--num-cpus 1`, a one-core machine) never scheduled it and the job waited forever.
     ds = ds.select_columns(list(dict.fromkeys([args.text_column, args.id_column])), num_cpus=0.1)
-    written = RayOutput(args.output, errors)  # a folder beside OUTPUT until the job is done
+    written = RayOutput(args.output, errors, args.overwrite)  # a folder beside OUTPUT until the job is done
     scored = ds.map_batches(
         RayScorer,
         fn_constructor_args=(model_dir, spec, options, args.text_column, args.id_column, written.errors,

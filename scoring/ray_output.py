@@ -3,9 +3,13 @@
 On a local path the actors write into ``OUTPUT.incomplete/`` (``output/`` and ``errors/`` in it), and only a
 finished job renames them to OUTPUT and ``OUTPUT.errors``: a run interrupted, failed or killed (``kill -9``
 too) leaves no OUTPUT, and the next run removes what it left. ``.lock`` in the folder (an ``flock`` held for
-the run) tells a dead run's folder from a running one's. On a remote filesystem (``s3://``: no rename of a
-folder), the actors write in place and an interrupted or failed run removes what it wrote; only a killed
-one leaves it.
+the run) tells a dead run's folder from a running one's. ``OUTPUT.lock`` (``scoring.partial.OutputLock``), which
+the local engine takes too, is held from before OUTPUT is looked at until the job's folders are in place: a local
+job and a Ray job on one OUTPUT cannot both write it, and neither replaces the other's. The placing replaces only
+what was at OUTPUT when the job began, with ``--overwrite``: anything else found there then is left as it is,
+and this job's folders are kept beside it (``OUTPUT.unplaced-*``). On a remote filesystem (``s3://``: no rename of
+a folder, no lock), the actors write in place and an interrupted or failed run removes what it wrote; only a
+killed one leaves it.
 """
 
 from __future__ import annotations
@@ -19,25 +23,33 @@ from pathlib import Path
 from typing import Any
 
 from scoring import BatchError
+from scoring.formats import OutputError
+from scoring.partial import OutputLock
 
 
 class RayOutput:
     """The folders the actors write (``output``, ``errors``) and, once the job is done, their placing."""
 
-    def __init__(self, output: str, errors: str) -> None:
+    def __init__(self, output: str, errors: str, overwrite: bool = False) -> None:
         self.final = (output, errors)
+        self.overwrite = overwrite
         self.local = "://" not in output
         self.staging = Path(output.rstrip("/") + ".incomplete") if self.local else None
         if self.staging is not None:
             self.output, self.errors = str(self.staging / "output"), str(self.staging / "errors")
         else:
             self.output, self.errors = output, errors
+        self.output_lock = OutputLock(output) if self.local else None
+        self.found: set[str] = set()  # what was at OUTPUT and OUTPUT.errors when the job began
         self._lock_fd: int | None = None
         self.placed = False
+        self.kept: Path | None = None  # where this job's folders are, when they could not be put in place
 
     def open(self) -> None:
-        """Take the staging folder (removing a dead run's), and make the output folder (it exists even when no
-        row could be scored). In place (remote), an earlier output (--overwrite's) is removed now."""
+        """Take OUTPUT.lock and the staging folder (removing a dead run's), and make the output folder (it exists
+        even when no row could be scored); an output found then, without --overwrite, is refused (it may have
+        been finished since the check before Ray started). In place (remote), an earlier output (--overwrite's)
+        is removed now."""
         if self.staging is None:
             for path in self.final:
                 remove(path)
@@ -45,13 +57,26 @@ class RayOutput:
             try:
                 self._take()
             except OSError as e:
+                self._release()
                 raise BatchError(f"{self.staging}: cannot write ({e.strerror or e})") from None
+            except BaseException:
+                self._release()
+                raise
         fs, folder = filesystem(self.output)
         fs.create_dir(folder, recursive=True)
 
     def _take(self) -> None:
-        assert self.staging is not None
-        self.staging.mkdir(parents=True, exist_ok=True)
+        assert self.staging is not None and self.output_lock is not None
+        self.staging.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.output_lock.take()
+        except OutputError as e:
+            raise BatchError(str(e)) from None
+        self.found = {path for path in self.final if exists(path)}
+        if self.found and not self.overwrite:
+            raise BatchError(f"{self.final[0]} already exists (written since this job started); pass --overwrite "
+                             "to replace it")
+        self.staging.mkdir(exist_ok=True)
         fd = os.open(self.staging / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,6 +99,9 @@ class RayOutput:
         with ctrl_c_held():
             final = self.final[0]
             try:
+                appeared = [path for path in self.final if exists(path) and path not in self.found]
+                if appeared:
+                    self._keep(appeared[0])
                 for final in reversed(self.final):
                     remove(final)
                 for staged, final in reversed(list(zip((self.output, self.errors), self.final, strict=True))):
@@ -85,10 +113,28 @@ class RayOutput:
             self.placed = True
             self._release()
 
+    def _keep(self, appeared: str) -> None:
+        """Something this job did not find at its start is at OUTPUT now (written by another program): left as
+        it is, and this job's folders moved beside it, where no later run removes them."""
+        import tempfile
+
+        assert self.staging is not None
+        kept = Path(tempfile.mkdtemp(prefix=Path(self.final[0].rstrip("/")).name + ".unplaced-",
+                                     dir=self.staging.parent))
+        for staged in (self.output, self.errors):
+            if Path(staged).exists():
+                os.rename(staged, kept / Path(staged).name)
+        self.kept = kept
+        raise BatchError(f"{appeared} appeared while this job ran (written by another program): not replaced",
+                         code=1)
+
     def discard(self) -> str:
         """After an interruption or a failure: remove what this run wrote; what to tell the user."""
         if self.placed:
             return f"the output {self.final[0]} is complete"
+        if self.kept is not None:
+            self._release()
+            return f"this job's rows are kept in {self.kept} (output/ and errors/)"
         if self.staging is None:
             with contextlib.suppress(OSError):
                 for path in self.final:
@@ -98,16 +144,17 @@ class RayOutput:
         return "nothing written"
 
     def _release(self) -> None:
-        """Remove the staging folder, then let go of its lock."""
-        if self._lock_fd is None or self.staging is None:
-            return
-        for _ in range(100):  # an actor still writing can add a file while the folder is removed: again
-            shutil.rmtree(self.staging, ignore_errors=True)
-            if not self.staging.exists():
-                break
-            time.sleep(0.05)
-        os.close(self._lock_fd)
-        self._lock_fd = None
+        """Remove the staging folder, then let go of its lock, then of OUTPUT.lock."""
+        if self._lock_fd is not None and self.staging is not None:
+            for _ in range(100):  # an actor still writing can add a file while the folder is removed: again
+                shutil.rmtree(self.staging, ignore_errors=True)
+                if not self.staging.exists():
+                    break
+                time.sleep(0.05)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        if self.output_lock is not None:
+            self.output_lock.release()
 
 
 def filesystem(path: str) -> tuple[Any, str]:

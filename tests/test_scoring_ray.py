@@ -373,3 +373,50 @@ def test_an_interrupted_or_killed_job_leaves_no_output_that_looks_finished(
     ids = _read_folder(out).column("id").to_pylist() + _read_folder(Path(f"{out}.errors"), "json").column(
         "id").to_pylist()
     assert sorted(ids) == list(range(n))
+
+
+@pytest.mark.parametrize("first", ["local", "ray"])
+def test_a_local_job_and_a_ray_job_on_one_output_never_replace_each_other(
+    tmp_path: Path, tiny_model_dir: Path, local_ray: None, first: str
+) -> None:
+    """Two runs, one of each engine, on the same OUTPUT (no --overwrite), the second started once the first
+    writes: each engine locked only its own folder (OUTPUT.parts, OUTPUT.incomplete), and the Ray job, having
+    found no OUTPUT at its start, replaced the local job's output finished meanwhile, both exiting 0. Now
+    OUTPUT.lock is the one lock of both: one job writes OUTPUT, and the other is refused in one line naming it."""
+    out = tmp_path / "out.parquet"
+    address = ray.get_runtime_context().gcs_address
+    cmds = {
+        "local": [str(_input(tmp_path / "local.parquet", 2000)), str(out), "--workers", "1", "--chunk-size", "100"],
+        "ray": [str(_input(tmp_path / "ray.parquet", 1500)), str(out), "--engine", "ray", "--address", address,
+                "--id-column", "doc_id", "--concurrency", "1", "--window", "50"],
+    }
+    started_writing = {"local": tmp_path / "out.parquet.parts" / "manifest.json",
+                       "ray": tmp_path / "out.parquet.incomplete" / "output"}
+    jobs = {}
+    for engine in (first, "ray" if first == "local" else "local"):
+        with (tmp_path / f"{engine}.err").open("w") as log:  # a file: a full pipe never blocks a job
+            jobs[engine] = subprocess.Popen([sys.executable, "-m", "scoring", *cmds[engine], "--model",
+                                             str(tiny_model_dir), "--quiet"], stderr=log, text=True)
+        deadline = time.monotonic() + 120
+        while engine == first and not started_writing[engine].exists():
+            assert jobs[engine].poll() is None and time.monotonic() < deadline, f"the {engine} job never wrote"
+            time.sleep(0.05)
+    codes = {engine: job.wait(timeout=240) for engine, job in jobs.items()}
+    errs = {engine: (tmp_path / f"{engine}.err").read_text() for engine in jobs}
+    winners = [engine for engine, code in codes.items() if code == 0]
+    assert len(winners) == 1, f"both jobs exited {codes}: one output silently replaced the other ({errs})"
+    loser = "ray" if winners == ["local"] else "local"
+    assert codes[loser] == 2 and len(errs[loser].strip().splitlines()) == 1, errs[loser]
+    assert errs[loser].startswith(f"han-score: error: {out}"), errs[loser]
+    assert "another han-score run is writing this output right now" in errs[loser] or (
+        "already exists" in errs[loser] and "--overwrite" in errs[loser]), errs[loser]
+    if winners == ["local"]:
+        errors = Path(f"{out}.errors.jsonl").read_text().splitlines()
+        assert out.is_file() and pq.read_metadata(out).num_rows + len(errors) == 2000
+    else:
+        ids = _read_folder(out).column("id").to_pylist() + _read_folder(Path(f"{out}.errors"), "json").column(
+            "id").to_pylist()
+        assert sorted(ids) == list(range(1500))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".err") == sorted(
+        ["local.parquet", "ray.parquet", "out.parquet", "out.parquet.errors.jsonl" if winners == ["local"]
+         else "out.parquet.errors"])
