@@ -1,12 +1,17 @@
-"""A fit whose checkpoint cannot be written (a real full disk) stops in one line naming the file, and the
-checkpoint written before it stays whole: Lightning's own write copied a temporary file from the system's
-temp folder into ``last.ckpt``, which a full disk cut short."""
+"""A fit's checkpoints against what else happens to its run folder: a full disk (a real one) stops the fit in
+one line naming the file and keeps the checkpoint before it whole (Lightning's own write copied a temporary
+file from the system's temp folder into the checkpoint's name, which the full disk cut short); a second fit
+into a folder a running fit writes is refused (it deleted the first fit's checkpoints, which then failed)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +57,38 @@ def test_a_checkpoint_a_full_disk_cuts_short_leaves_the_one_before_whole(tmp_pat
         assert sorted(p.name for p in disk.iterdir()) == ["fill", "last.ckpt"]  # no temporary file left
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_second_fit_into_a_folder_a_running_fit_writes_is_refused(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root, log = tmp_path / "run", tmp_path / "first.txt"
+    with log.open("w") as stderr:
+        first = subprocess.Popen([sys.executable, "-m", "training.launch", "fit", "--config", SMOKE,
+                                  "--trainer.max_epochs", "100000", "--trainer.default_root_dir", str(root),
+                                  "--data.cache_dir", str(tmp_path / "cache"), "--export.register", "false"],
+                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            deadline = time.monotonic() + 120
+            while not (root / "checkpoints" / "last.ckpt").exists() and first.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert first.poll() is None, log.read_text()[-1000:]
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                main(["fit", "--config", SMOKE, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root),
+                      "--data.cache_dir", str(tmp_path / "cache2"), *QUICK[2:]])
+            err = capsys.readouterr().err
+            assert stopped.value.code == 2, err[-1000:]
+            assert err.strip().splitlines()[-1] == (
+                f"han-train: error: {root}: another han-train fit (pid {first.pid} on {os.uname().nodename}, started "
+                f"{err.split('started ')[-1].split(')')[0]}) is writing this run folder; wait for it to end, or give "
+                "this fit another --trainer.default_root_dir"), err[-1000:]
+            assert first.poll() is None and (root / "checkpoints" / "last.ckpt").exists()
+        finally:
+            first.send_signal(signal.SIGTERM)
+            first.wait(timeout=120)
+    # once the first has ended, the folder is free again
+    main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root), "--data.cache_dir",
+          str(tmp_path / "cache2"), *QUICK])
+    assert (root / "model" / "model.safetensors").exists()

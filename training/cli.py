@@ -8,14 +8,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import pickle
 import re
+import socket
 import sys
 import time
 import zipfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -32,6 +35,8 @@ from training.module import HANModule
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 from training.warm_start import data_language
+
+_HELD: list[IO[str]] = []  # the run folder's lock file while a fit runs
 
 # --print_config's flags, as jsonargparse reads them (skip_null is its old name for skip_unset).
 PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
@@ -104,6 +109,11 @@ class HANCLI(LightningCLI):
         if subcommand != "fit" and ckpt_path and self.config[subcommand].model.get("init_from"):
             _without_stored_model(self.config[subcommand], ckpt_path)
 
+    def before_fit(self) -> None:
+        # Held until the process ends: a second fit into this folder would delete this one's checkpoints.
+        if self.trainer.is_global_zero:
+            _HELD.append(_hold_run_folder(Path(self.trainer.default_root_dir)))
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         if self.subcommand != "fit" and not config.get("ckpt_path") and not config.model.get("init_from"):
@@ -158,13 +168,36 @@ def main(args: list[str] | None = None) -> None:
 
 def _run(args: list[str] | None) -> HANCLI:
     started = time.time()
-    cli = HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
-                 auto_configure_optimizers=False)
+    try:
+        cli = HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
+                     auto_configure_optimizers=False)
+    finally:  # the run folder's lock (HANCLI.before_fit) ends with the run, also in a process that fits again
+        while _HELD:
+            _HELD.pop().close()
     config = cli.config.get(cli.subcommand) if cli.subcommand else None
     if cli.subcommand == "fit" and not config.get("ckpt_path") and cli.trainer.is_global_zero and \
             not cli.trainer.interrupted and config.checkpoint.dirpath:
         _drop_earlier_checkpoints(Path(config.checkpoint.dirpath), started)
     return cli
+
+
+def _hold_run_folder(folder: Path) -> IO[str]:
+    """An exclusive lock on ``folder/.fit.lock`` for this fit, or a DataError naming the fit that holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / ".fit.lock").open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise DataError(f"{folder}: another han-train fit ({holder}) is writing this run folder; wait for it to "
+                        "end, or give this fit another --trainer.default_root_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    return handle
 
 
 def _drop_earlier_checkpoints(folder: Path, started: float) -> None:
