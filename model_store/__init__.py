@@ -25,7 +25,7 @@ from model_store.production import (
     set_pointer,
     split_tag,
 )
-from model_store.versions import find_version, open_version, store_dir, whole_versions, write_version
+from model_store.versions import end_version, find_version, open_version, store_dir, write_version
 
 if TYPE_CHECKING:  # torch and spaCy load only where a model does: han-model status starts in a second
     from han.pipeline import Pipeline
@@ -73,14 +73,14 @@ def register(saved: SavedModel, name: str, metadata: dict[str, Any] | None = Non
 
 def first_version(name: str) -> str | None:
     """The name's first-registered whole version (earliest creation time), or None when it has none."""
-    models = whole_versions(name)
-    return str(models[0].tag) if models else None
+    model = end_version(name, last=False)
+    return str(model.tag) if model is not None else None
 
 
 def latest_version(name: str) -> str | None:
     """The name's last-registered whole version (BentoML's ``latest`` file may name a half-written one)."""
-    models = whole_versions(name)
-    return str(models[-1].tag) if models else None
+    model = end_version(name, last=True)
+    return str(model.tag) if model is not None else None
 
 
 def production_version(name: str) -> str | None:

@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -85,22 +86,25 @@ def pointer_stamp(name: str) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_ino
 
 
-def write_json(path: Path, value: Any) -> None:
-    """Atomically: a reader sees the old file or the new one, never half of one."""
-    write_durably(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+def write_json(path: Path, value: Any, durable: bool = True) -> None:
+    """Atomically: a reader sees the old file or the new one, never half of one. ``durable=False``: no
+    fsync (a worker's report, rewritten every few seconds from the serving process)."""
+    write_durably(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n", durable)
 
 
-def write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str, durable: bool = True) -> None:
     """``text`` into a file beside ``path``, on disk before it is renamed over ``path``: after a power
     cut the file is the old one or the new one, never empty (a rename can reach the disk before data)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    sync_folder(path.parent)
+    if durable:
+        sync_folder(path.parent)
 
 
 def sync_folder(folder: Path, files: bool = False) -> None:
@@ -188,9 +192,17 @@ def rollback_target(name: str) -> str:
         else:
             stack.append(entry["tag"])
     earlier = [tag for tag in stack[:-1] if tag != current]
-    if not earlier:
-        raise PromotionError(f"{name} has no earlier production version to roll back to (it serves {current})")
-    return earlier[-1]
+    from model_store.versions import find_version  # here: that module imports this one
+
+    stored = [tag for tag in earlier if find_version(name, tag.partition(":")[2])]
+    gone = sorted(set(earlier) - set(stored), key=earlier.index)
+    if not stored:
+        raise PromotionError(f"{name} has no earlier production version to roll back to (it serves {current})"
+                             + (f"; {', '.join(gone)} no longer in the model store" if gone else ""))
+    if gone and earlier[-1] != stored[-1]:
+        print(f"{', '.join(t for t in gone if earlier.index(t) > earlier.index(stored[-1]))}: no longer in the "
+              f"model store (deleted), passed over", file=sys.stderr)
+    return stored[-1]
 
 
 # -- what each serving worker reports ---------------------------------------------------------------------
@@ -212,8 +224,9 @@ def report_replica(name: str, serving: str, failed: dict[str, Any] | None, loadi
     ``pinned``: a worker started on one version (a tag), which runs the name's shadow but never follows a
     promotion, so that promote does not wait for it."""
     write_json(replica_path(name, replica_id()),
-                {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "shadow": shadow,
-                 "pinned": pinned, "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()})
+               {"serving": serving, "loading": loading, "failed": failed, "pointer": pointer, "shadow": shadow,
+                "pinned": pinned, "pid": os.getpid(), "host": socket.gethostname(), "seen": time.time()},
+               durable=False)
 
 
 def forget_replica(name: str) -> None:
@@ -230,10 +243,11 @@ def live_replicas(name: str, fresh: float = REPLICA_FRESH_SECONDS,
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # being replaced right now; read at the next poll
-        if time.time() - float(report.get("seen", 0)) <= fresh:
+        age = time.time() - float(report.get("seen", 0))
+        if abs(age) <= fresh:  # a report from the future (the clock stepped back) is not taken as a live one's
             if not (following and report.get("pinned")):
                 out[path.stem] = report
-        elif time.time() - float(report.get("seen", 0)) > 10 * fresh:
+        elif age > 10 * fresh:
             path.unlink(missing_ok=True)
     return out
 

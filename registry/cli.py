@@ -198,6 +198,11 @@ def promote(args: argparse.Namespace) -> int:
         if args.data:  # stored where the gate reads it, unless a refusal on more documents stands
             run_compare(tag, current, args)
         comparison = stored_comparison(tag, current)
+        if comparison is None and not args.force and (gone := _not_stored(current)):
+            raise PromotionError(
+                f"{current}, the version in production, is no longer in the model store ({gone}), so nothing can "
+                f"be compared with it: `han-model rollback {name}` serves the version before it, or --force "
+                f"promotes {tag}")
         if comparison is None and not args.force:
             raise PromotionError(
                 f"{tag} has not been compared with {current}, the version in production: run "
@@ -217,7 +222,9 @@ def promote(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         # on the record once the pointer has moved (forced without a comparison: there all the same)
         promoted = {"tag": tag, "production": current, "comparison": None, **details, "decision": "promoted"}
-        return move(name, tag, "promote", details, args.wait, "promoted", promoted)
+        moved = move(name, tag, "promote", details, args.wait, "promoted", promoted)
+        _end_shadow_of(name, tag)
+        return moved
 
 
 def rollback(args: argparse.Namespace) -> int:
@@ -229,10 +236,13 @@ def rollback(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from model_store.upgrade import served_before
+    from model_store.versions import warn_damaged
     from monitoring.shadow import read_shadow
 
     name = split_tag(args.name)[0]
+    warn_damaged(name)
     record = read_pointer(name)
+    healthy = True  # status 1 where the pointer or the shadow names a version no longer stored
     if record is None:
         first = production_version(name)
         if first is None and not read_shadow(name) and not live_replicas(name):
@@ -244,11 +254,19 @@ def status(args: argparse.Namespace) -> int:
             print(f"  {note}")
     else:
         print(f"{name}: production is {record['tag']}")
+        if gone := _not_stored(record["tag"]):
+            print(f"  {record['tag']} is not in the model store ({gone}): no service can start on it and han-score "
+                  f"cannot read it; `han-model rollback {name}` or `han-model promote {name}:VERSION` mends it")
+            healthy = False
         for entry in record.get("history", [])[-10:]:
             extra = " (forced)" if entry.get("forced") else ""
             print(f"  {entry['at']}  {entry['action']:<8} {entry['tag']}{extra}")
     if asked := read_shadow(name):
         print(f"  shadow: {asked['tag']} with {asked['fraction']:.0%} of documents since {asked.get('since')}")
+        if gone := _not_stored(asked["tag"]):
+            print(f"  the shadow {asked['tag']} is not in the model store ({gone}): `han-model shadow {name} --stop` "
+                  "ends it")
+            healthy = False
     for key, report in live_replicas(name).items():
         failed = f"; could not load {report['failed']['tag']}" if report.get("failed") else ""
         loading = f"; loading {report['loading']}" if report.get("loading") else ""
@@ -259,7 +277,25 @@ def status(args: argparse.Namespace) -> int:
             shadowing += f"; cannot shadow {shadow['failed']['tag']} ({shadow['failed']['reason']})"
         pinned = " (pinned: started on that version, it does not follow the pointer)" if report.get("pinned") else ""
         print(f"  service {key}: serving {report['serving']}{pinned}{loading}{failed}{shadowing}")
-    return 0
+    return 0 if healthy else 1
+
+
+def _end_shadow_of(name: str, tag: str) -> None:
+    """Production shadowing itself doubles the log for nothing: the shadow of the version now promoted ends."""
+    from monitoring.shadow import read_shadow, stop_shadow
+
+    if (read_pointer(name) or {}).get("tag") == tag and (read_shadow(name) or {}).get("tag") == tag:
+        stop_shadow(name)
+        print(f"{name}: the shadow of {tag} ended (it is production now)")
+
+
+def _not_stored(tag: str) -> str | None:
+    """Why the store cannot give ``tag`` (deleted by `bentoml models delete`, or not whole), or None."""
+    try:
+        resolve_tag(tag)
+    except ModelNotFoundError as e:
+        return str(e)
+    return None
 
 
 def _summary(comparison: dict[str, Any]) -> dict[str, Any]:

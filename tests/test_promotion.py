@@ -324,6 +324,8 @@ def test_rollback_walks_the_history_back(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
     from model_store.production import PromotionError, rollback_target, set_pointer
 
+    for version in ("v1", "v2", "v3", "v4"):  # in the store (rollback passes over deleted versions)
+        (tmp_path / "models" / "han-x" / version).mkdir(parents=True)
     for version in ("v1", "v2", "v3"):
         set_pointer(f"han-x:{version}", "promote")
     for expected in ("v2", "v1"):

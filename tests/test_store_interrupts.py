@@ -124,3 +124,54 @@ for version in sys.argv[2:]:
     except m.ModelOpenError as e:
         print(e)
 """
+
+
+def test_versions_deleted_from_the_store_are_named_and_passed_over(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`bentoml models delete` of versions the pointer's history names (another process, another person):
+    status must not report a deleted production version as healthy, promote must not advise a comparison
+    that cannot run, and rollback must reach the stored version before them. Promoting the shadowed version
+    ends its shadow (production shadowing itself doubled the log)."""
+    home = tmp_path / "home"
+    first, second, third = (register_model(tiny_model_dir, home, NAME) for _ in range(3))
+    assert _run(home, "han-model", "shadow", third, "--fraction", "0.5").returncode == 0
+    for tag in (second, third):
+        promoted = _run(home, "han-model", "promote", tag, "--force")
+        assert promoted.returncode == 0, promoted.stderr
+    assert promoted.stdout.splitlines()[-1] == f"{NAME}: the shadow of {third} ended (it is production now)"
+    assert not (home / "deployments" / NAME / "shadow.json").exists()
+    for tag in (third, second):
+        assert _run(home, "bentoml", "models", "delete", tag, "-y").returncode == 0
+
+    status = _run(home, "han-model", "status", NAME)
+    assert status.returncode == 1 and "Traceback" not in status.stderr, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == f"{NAME}: production is {third}"
+    assert lines[1].startswith(f"  {third} is not in the model store (") and lines[1].endswith(
+        f"`han-model rollback {NAME}` or `han-model promote {NAME}:VERSION` mends it"), lines[1]
+    promote = _run(home, "han-model", "promote", first)
+    assert promote.returncode != 0 and "Traceback" not in promote.stderr
+    assert f"{third}, the version in production, is no longer in the model store" in promote.stderr, promote.stderr
+    assert f"`han-model rollback {NAME}`" in promote.stderr
+
+    rollback = _run(home, "han-model", "rollback", NAME)
+    assert rollback.returncode == 0, rollback.stderr
+    assert f"{second}: no longer in the model store (deleted), passed over" in rollback.stderr
+    status = _run(home, "han-model", "status", NAME)
+    assert status.returncode == 0 and status.stdout.splitlines()[0] == f"{NAME}: production is {first}", status.stdout
+
+
+def test_a_report_from_before_the_clock_stepped_back_is_no_live_worker(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A killed worker's last report, written before the clock was set back 30 minutes, read as a live worker's
+    until the clock caught up: status listed it, and promote waited for it and failed with the pointer moved."""
+    import time
+
+    home = tmp_path / "home"
+    first = register_model(tiny_model_dir, home, NAME)
+    second = register_model(tiny_model_dir, home, NAME)
+    replicas = home / "deployments" / NAME / "replicas"
+    replicas.mkdir(parents=True)
+    (replicas / "gone-1.json").write_text(json.dumps({"serving": first, "seen": time.time() + 1800}))
+    status = _run(home, "han-model", "status", NAME)
+    assert status.returncode == 0 and "service gone-1" not in status.stdout, status.stdout
+    promoted = _run(home, "han-model", "promote", second, "--force", "--wait", "5")
+    assert promoted.returncode == 0, promoted.stderr
