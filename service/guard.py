@@ -3,11 +3,14 @@
 Checks the size (the Content-Length header and the bytes actually received, so an over-long body
 is never read whole), UTF-8, JSON syntax and the schema (every rule of it: the schema at ``/docs``
 says exactly what is accepted), with messages such as ``documents[3]: the document is empty or
-whitespace only`` or ``documents[2].id: must be a string, not a number``.
+whitespace only`` or ``documents[2].id: must be a string, not a number``. A lone UTF-16 surrogate
+escape (``"\\ud83d"``: JavaScript's ``JSON.stringify`` of a text cut inside an emoji) is replaced by
+U+FFFD before the body is parsed (``replace_lone_surrogates``), so such a text is classified.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -24,6 +27,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 THREAD_BYTES = 1 << 20  # a body over this is validated in a thread
+# A run of escaped backslashes (text, never the start of an escape), a surrogate pair, or a lone surrogate.
+_SURROGATE_ESCAPES = re.compile(
+    rb"(?:\\\\)+|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -91,6 +98,27 @@ def describe_error(error: dict[str, Any]) -> tuple[int, str]:
     return 422, f"{where or 'the request body'}: {error['msg']}"
 
 
+def _keep_or_replace(match: re.Match[bytes]) -> bytes:
+    escape = match.group()
+    return escape if escape[1:2] == b"\\" or len(escape) == 12 else b"\\ufffd"
+
+
+def replace_lone_surrogates(body: bytes) -> bytes:
+    """``body`` with each lone surrogate escape (``\\ud83d`` not followed by a low one, or a low one
+    alone) written as ``\\ufffd``. JSON allows them (a browser's ``JSON.stringify`` of a text cut inside
+    an emoji writes one) but a Python str from them cannot be encoded, and pydantic refuses them; one
+    code point for one keeps the result's offsets right in code points and in UTF-16 units alike."""
+    if b"\\ud" not in body and b"\\uD" not in body:
+        return body
+    return _SURROGATE_ESCAPES.sub(_keep_or_replace, body)
+
+
+def read_classify_body(body: bytes) -> tuple[bytes, ClassifyRequest | tuple[int, str]]:
+    """The body as BentoML is to read it (lone surrogates replaced) and its request, or why it is not one."""
+    body = replace_lone_surrogates(body)
+    return body, validate_classify_body(body)
+
+
 def validate_classify_body(body: bytes) -> ClassifyRequest | tuple[int, str]:
     """The /classify request in ``body``, or why it is not one (status, message)."""
     if not body.strip():
@@ -153,11 +181,10 @@ class RequestGuard:
                 return
             if not message.get("more_body", False):
                 break
-        data = bytes(body)
-        if len(data) > THREAD_BYTES:  # megabytes of blanks take a while to check: not on the event loop
-            request = await anyio.to_thread.run_sync(validate_classify_body, data)
+        if len(body) > THREAD_BYTES:  # megabytes of blanks take a while to check: not on the event loop
+            data, request = await anyio.to_thread.run_sync(read_classify_body, bytes(body))
         else:
-            request = validate_classify_body(data)
+            data, request = read_classify_body(bytes(body))
         if isinstance(request, tuple):
             await error_response(*request)(scope, receive, send)
             return

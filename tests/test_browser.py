@@ -330,3 +330,57 @@ def test_the_dashboard_draws_accuracy_below_half_inside_its_chart(server, page: 
       return [...svg.querySelectorAll('circle[fill="var(--realised)"]')].map((c) => [c.cy.baseVal.value, height]);
     }})()""")
     assert points and all(0 <= y <= height for y, height in points), points
+
+
+ARABIC = "هذا الفيلم رائع جدا. لم تعجبني النهاية."  # "This film is very good. I did not like the ending."
+HEBREW = "הסרט הזה נהדר. לא אהבתי את הסוף."
+# Each sentence's direction, and where its final period is drawn: left of the sentence's first word in
+# a right-to-left sentence (its end), right of it in a left-to-right one.
+DIRECTIONS = """() => {
+  const dir = (e) => getComputedStyle(e).direction;
+  const sentences = [...document.querySelectorAll('#explanation .sentence')].map((s) => {
+    const first = s.querySelector('.word').getBoundingClientRect();
+    const walker = document.createTreeWalker(s, NodeFilter.SHOW_TEXT);
+    let last = null;
+    while (walker.nextNode()) if (walker.currentNode.data.trim()) last = walker.currentNode;
+    const at = last.data.trimEnd().length - 1;
+    const range = document.createRange();
+    range.setStart(last, at);
+    range.setEnd(last, at + 1);
+    const period = range.getBoundingClientRect();
+    return {dir: dir(s), end: range.toString(), periodLeftOfFirstWord: period.right <= first.left + 1,
+            periodRightOfFirstWord: period.left >= first.right - 1};
+  });
+  return {state: document.body.dataset.state, error: document.getElementById('error').textContent,
+          box: dir(document.getElementById('explanation')), textarea: dir(document.getElementById('document')),
+          sentences};
+}"""
+
+
+@pytest.mark.parametrize(
+    ("text", "directions"),
+    [(ARABIC, ["rtl", "rtl"]), (HEBREW, ["rtl", "rtl"]), (REVIEW.split("\n")[0], ["ltr", "ltr"]),
+     ("A wonderful film. " + ARABIC, ["ltr", "rtl", "rtl"]), (ARABIC + " A wonderful film.", ["rtl", "rtl", "ltr"])],
+    ids=["arabic", "hebrew", "english", "english-then-arabic", "arabic-then-english"],
+)
+def test_right_to_left_text_is_shown_right_to_left_sentence_by_sentence(server, page: Page, tmp_path, text, directions):
+    """Arabic and Hebrew read right to left: the textarea and the explanation take the direction of the
+    text, and each sentence its own, so a sentence's final period is drawn at its end (its left)."""
+    page.set_viewport_size({"width": 1200, "height": 1000})
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').dataset.tag")
+    page.fill("#document", text)
+    page.click("#classify")
+    page.wait_for_function("document.body.dataset.state")
+    page.screenshot(path=str(screenshot_path(tmp_path, "han-page-direction.png")), full_page=True)
+    shown = page.evaluate(DIRECTIONS)
+    assert shown["state"] == "done", shown["error"]
+    assert [shown["textarea"], shown["box"]] == [directions[0]] * 2
+    assert [s["dir"] for s in shown["sentences"]] == directions, shown
+    for sentence in shown["sentences"]:
+        assert sentence["end"] == "."
+        if sentence["dir"] == "rtl":
+            assert sentence["periodLeftOfFirstWord"], shown
+        else:
+            assert sentence["periodRightOfFirstWord"], shown
+

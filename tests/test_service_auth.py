@@ -288,7 +288,7 @@ def test_hostile_requests_get_a_4xx_or_a_200_and_memory_stays_bounded(target) ->
                             {401} if key else {200}),
         "deep JSON": (http_request("/classify", key, b'{"documents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
                       {400}),
-        "a lone surrogate": (http_request("/classify", key, b'{"documents": ["bad \\udc00 text"]}'), {400}),
+        "a lone surrogate": (http_request("/classify", key, b'{"documents": ["bad \\udc00 text"]}'), {200}),
         "NUL characters": (http_request("/classify", key, json.dumps({"documents": ["A good\u0000 film.\u0000"]})
                                         .encode()), {200}),
     }
