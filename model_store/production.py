@@ -192,9 +192,7 @@ def rollback_target(name: str) -> str:
         else:
             stack.append(entry["tag"])
     earlier = [tag for tag in stack[:-1] if tag != current]
-    from model_store.versions import find_version  # here: that module imports this one
-
-    stored = [tag for tag in earlier if find_version(name, tag.partition(":")[2])]
+    stored = [tag for tag in earlier if (bentoml_home() / "models" / name / tag.partition(":")[2]).is_dir()]
     gone = sorted(set(earlier) - set(stored), key=earlier.index)
     if not stored:
         raise PromotionError(f"{name} has no earlier production version to roll back to (it serves {current})"
