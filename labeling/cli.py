@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -356,7 +357,8 @@ def run_import(args: argparse.Namespace) -> int:
     _check_out(out, IMPORT_OUTPUTS, "OUT")
     _not_an_input(out, "OUT", [("the export", args.export)])
     _, _, saved = _model(args.model)
-    labels, multi = saved.labels, saved.config.multi_label
+    # composed (NFC), as the export's labels are read: a model trained before fits read them so may hold others
+    labels, multi = [unicodedata.normalize("NFC", label) for label in saved.labels], saved.config.multi_label
     export = Path(args.export)
     try:
         got = read_export(export, labels, multi)
@@ -367,6 +369,10 @@ def run_import(args: argparse.Namespace) -> int:
                          f"({', '.join(labels)}): an export of another project?")
     for p in got.problems + got.notices:
         print(f"han-label: {export}: {p.where}: {p.what}", file=sys.stderr)
+    if got.recomposed:
+        print(f"han-label: {export}: {got.recomposed:,} annotations' labels are written in another Unicode form "
+              "(decomposed, as macOS writes): imported in the composed form (NFC), as han-train reads labels",
+              file=sys.stderr)
     if not got.rows:
         raise LabelError(f"{export}: no annotated task to import ({len(got.problems)} left out, listed above)")
     if multi and out.suffix.lower() == ".csv":

@@ -9,13 +9,15 @@ starts from: the model's label (a ``choices`` result) and its top sentences as h
 Exports: the JSON export (a list of tasks with their ``annotations``), JSON-min (a record per
 annotated task, the data fields flattened, the choice under ``label``) and CSV (the same columns).
 What cannot become a training row (a skipped task, annotators who disagree, a label the model does
-not know) is returned as a ``Problem`` naming the task, for one line each.
+not know) is returned as a ``Problem`` naming the task, for one line each. Labels are read in Unicode's
+composed form (NFC), as han-train reads them; the texts as they are (the evidence spans' offsets are in them).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,7 @@ class Labelled:
     problems: list[Problem] = field(default_factory=list)  # tasks left out
     notices: list[Problem] = field(default_factory=list)  # tasks imported, with something to say
     seen_labels: set[str] = field(default_factory=set)
+    recomposed: int = 0  # annotations whose labels were in another Unicode form than NFC (``_composed``)
 
 
 def read_export(path: Path, labels: list[str], multi_label: bool) -> Labelled:
@@ -103,7 +106,12 @@ def _csv_records(path: Path) -> list[dict[str, Any]]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # a BOM: the export saved again from a spreadsheet
             return list(csv.DictReader(f))
-    except (csv.Error, UnicodeDecodeError) as e:
+    except UnicodeDecodeError:
+        from scoring.read_causes import not_utf8
+
+        problem = not_utf8(path, "csv") or "not UTF-8 text; Label Studio exports UTF-8"  # its row and line
+        raise ExportError(f"{path}: {problem}") from None
+    except csv.Error as e:
         raise ExportError(f"{path}: not a readable CSV file ({e})") from None
 
 
@@ -131,7 +139,7 @@ def _from_full(path: Path, tasks: list[dict[str, Any]], labels: list[str], multi
         for a in t.get("annotations") or []:
             if not isinstance(a, dict) or a.get("was_cancelled"):
                 continue
-            chosen = _choices(a.get("result"))
+            chosen = _composed(out, _choices(a.get("result")))
             if chosen or (chosen is not None and multi_label):  # submitted with no label: a multi-label "none"
                 answers.append(tuple(sorted(chosen)))
         skipped = any(isinstance(a, dict) and a.get("was_cancelled") for a in t.get("annotations") or [])
@@ -189,7 +197,7 @@ def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], mult
     for k, r in enumerate(records, first):
         if not isinstance(r.get(TEXT), str):
             raise ExportError(f"{path}: {row_word} {k}: no '{TEXT}' field: not an export of han-label's tasks")
-        chosen = _min_choices(r.get(CHOICES))
+        chosen = _composed(out, _min_choices(r.get(CHOICES)))
         if chosen is None:
             raise ExportError(f"{path}: {row_word} {k}: '{CHOICES}' is {r.get(CHOICES)!r}, not a label or labels")
         key = (_doc(r.get(DOC_ID)) or _doc(r.get("id")) or str(k), r[TEXT])
@@ -204,6 +212,15 @@ def _from_min(path: Path, records: list[dict[str, Any]], labels: list[str], mult
     for where, r, answers in by_doc.values():
         _add(out, where, r, answers, labels, multi_label, skipped=False)  # a cancelled annotation has no record
     return out
+
+
+def _composed(out: Labelled, chosen: list[str] | None) -> list[str] | None:
+    """Labels in Unicode's composed form (NFC), as han-train reads them: a label typed on macOS can come as
+    "e" and an accent, which looks like "é" and would not be the model's label; counted in ``out``."""
+    if not chosen or all(unicodedata.is_normalized("NFC", c) for c in chosen):
+        return chosen
+    out.recomposed += 1
+    return [unicodedata.normalize("NFC", c) for c in chosen]
 
 
 def _min_choices(value: Any) -> list[str] | None:

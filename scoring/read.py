@@ -4,7 +4,9 @@ Parquet is read with pyarrow, batch by batch; CSV and JSON Lines with
 ``load_dataset(fmt, data_files=..., split="train", streaming=True)``. Either way only a batch of
 rows is in memory at a time and a file larger than memory works. Every
 problem with the input (missing file, unknown extension, unreadable data, missing column)
-is raised as ``InputError`` with a one-line message naming it.
+is raised as ``InputError`` with a one-line message naming it. A CSV or JSON Lines file is checked for
+UTF-8 first (one pass over its bytes, about a second a gigabyte), so that a byte that is not is named by
+its row before anything is scored.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ class InputFile:
         except InputError:
             raise
         except Exception as e:
-            raise InputError(f"cannot read {self.path} (near row {row}): {_one_line(e)}") from e
+            # the file changed since open_input checked it, or another fault: the rows before ``row`` were read
+            problem = _not_utf8(self.path, self.fmt) or f"at or after row {row:,}: {_one_line(e)}"
+            raise InputError(f"cannot read {self.path}: {problem}") from e
 
     def count_rows(self) -> int | None:
         """Rows in the file (for the progress bar): exact for Parquet, a fast count for JSON Lines and CSV."""
@@ -139,6 +143,8 @@ def open_input(path: str | Path, text_column: str, id_column: str | None) -> Inp
 
     if fmt == "parquet":
         return _open_parquet(path, text_column, id_column)
+    if problem := _not_utf8(path, fmt):  # found here, nothing is scored; Arrow's JSON reader would fail midway
+        raise InputError(f"cannot read {path}: {problem}")
     quiet_datasets()
     try:
         options = {"csv": _csv_options(None)}.get(fmt, {})
@@ -180,6 +186,16 @@ def arrow_csv_as_text(path: Path) -> dict[str, Any]:
         header = []
     return {"convert_options": pacsv.ConvertOptions(column_types={c.lstrip("\ufeff"): pa.string() for c in header},
                                                     null_values=[""], strings_can_be_null=True)}
+
+
+def _not_utf8(path: Path, fmt: str) -> str | None:
+    """Where a CSV or JSON Lines file is not UTF-8, by its row and line (``read_causes.not_utf8``)."""
+    from scoring.read_causes import not_utf8
+
+    try:
+        return not_utf8(path, fmt) if fmt in ("csv", "json") else None
+    except OSError:
+        return None  # the read says what is wrong
 
 
 def _csv_header(path: Path) -> list[str]:

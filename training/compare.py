@@ -10,6 +10,7 @@ each model's n-gram head share.
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def read_labelled(data: str | Path, text_column: str | None, label_column: str |
 def encode_targets(labels: list[Any], names: list[str], multi_label: bool, where: str,
                    rows: list[int] | None = None) -> np.ndarray:
     """Class indices, or a 0/1 matrix for a multi-label model (each row a list of labels)."""
-    index = {name: i for i, name in enumerate(names)}
+    index = {unicodedata.normalize("NFC", name): i for i, name in enumerate(names)}  # é in one form or two
     known = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
     targets = np.zeros((len(labels), len(names)) if multi_label else len(labels), dtype=np.int64)
     for i, label in enumerate(labels):
@@ -127,13 +128,14 @@ def encode_targets(labels: list[Any], names: list[str], multi_label: bool, where
             raise CompareError(f"{where}: row {row} has the label {label!r}, but the models are " + (
                 "multi-label: each row needs a list of labels" if multi_label else "single-label: one label a row"))
         for one in label if multi_label else [label]:
-            if one is None or str(one) not in index:
+            name = None if one is None else unicodedata.normalize("NFC", str(one))
+            if name is None or name not in index:
                 raise CompareError(f"{where}: row {row} has the label {one!r}, which the models do not know "
                                    f"(they know {known})")
             if multi_label:
-                targets[i, index[str(one)]] = 1
+                targets[i, index[name]] = 1
             else:
-                targets[i] = index[str(one)]
+                targets[i] = index[name]
     return targets
 
 

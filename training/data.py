@@ -23,7 +23,7 @@ from training.sources import DataError, csv_label_lists, load_source, refuse_mis
 from training.splits import stable_holdout
 
 SPLIT_COLUMN = "split"  # a training file's rows marked validation here are the validation split
-TOKENISER_VERSION = 3  # bump when segmentation or the cached columns change, to invalidate caches
+TOKENISER_VERSION = 4  # bump when segmentation or the cached columns change, to invalidate caches
 COUNT_CHUNK = 1 << 22  # word ids counted at a time: np.bincount widens its input to 64 bits
 
 

@@ -81,6 +81,8 @@ def profile(train: str, text_column: str, label_column: str, multi_label: bool |
     is_list = pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)
     multi = is_list if multi_label is None else multi_label
     values = pc.list_flatten(labels) if is_list else labels
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = pc.utf8_normalize(values, "NFC")  # as a fit reads them (training.tokenise.label_strings)
     distinct = len(pc.unique(values.drop_null()))
     words = _word_counts(table.column(text_column))
     fit = len(raw) if has_validation else len(raw) - math.ceil(len(raw) * val_fraction)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import unicodedata
+from functools import cache
 from pathlib import Path
 
 import datasets
@@ -32,9 +34,12 @@ def load_source(source: str, csv_cells_as_text: bool = True) -> datasets.Dataset
         if not path.is_file():
             raise DataError(f"{source}: file not found")
         fmt = FILE_FORMATS[path.suffix.lower()]
+        if fmt != "parquet" and (problem := _not_utf8(path, fmt)):
+            raise DataError(f"{source}: {problem}")
         options = _csv_text_options(path) if fmt == "csv" and csv_cells_as_text else {}
         try:
-            return datasets.load_dataset(fmt, data_files=str(path), split="train", **options)
+            loaded = datasets.load_dataset(fmt, data_files=str(path), split="train", **options)
+            return _scalars_as_text(loaded) if fmt == "json" else loaded
         except Exception as e:  # datasets wraps parser errors in many types
             cause = _first_line(e)
             if "corresponds to no data" in cause or cause == "StopIteration":  # a header alone, or nothing
@@ -51,6 +56,74 @@ def load_source(source: str, csv_cells_as_text: bool = True) -> datasets.Dataset
         raise DataError(
             f"{source}: not a file or folder here, and not loadable as a Hugging Face dataset ({_first_line(e)})"
         ) from e
+
+
+def _not_utf8(path: Path, fmt: str) -> str | None:
+    """Where a CSV or JSON Lines file is not UTF-8, by row and line; checked once a file version (a fit reads
+    its training file several times). Arrow's JSON reader takes any bytes, and a fit failed only while
+    tokenising, naming neither file nor row; pandas' CSV error names neither row nor line."""
+    stat = path.stat()
+    return _utf8_problem(str(path.resolve()), stat.st_size, stat.st_mtime_ns, fmt)
+
+
+@cache
+def _utf8_problem(path: str, size: int, mtime_ns: int, fmt: str) -> str | None:
+    """As han-score's ``scoring.read_causes.not_utf8`` words it (which this package may not import): a byte
+    that is not UTF-8 named by its row (from 0, past the header and blank lines) and line."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+                return "the file is UTF-16 (a byte-order mark: Windows' \"Unicode\"), not UTF-8: save it as UTF-8"
+            f.seek(0)
+            for number, line in enumerate(f, 1):
+                if not line.isascii():
+                    try:
+                        line.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        return _not_utf8_line(path, fmt, number, line, e.start)
+    except OSError:
+        return None  # the read says what is wrong
+    return None
+
+
+def _not_utf8_line(path: str, fmt: str, number: int, line: bytes, at: int) -> str:
+    import contextlib
+    import csv
+    import io
+    import itertools
+
+    row = -1  # the header's
+    with open(path, "rb") as f:
+        if fmt == "csv":  # the data row holding the line: a quoted cell can span lines
+            reader = csv.reader(io.TextIOWrapper(f, encoding="utf-8-sig", errors="surrogateescape", newline=""))
+            with contextlib.suppress(csv.Error):
+                row = -2
+                for fields in reader:
+                    row += bool(fields)  # a blank line is no row
+                    if reader.line_num >= number:
+                        break
+        else:  # JSON Lines: a row a non-blank line
+            row = sum(1 for text in itertools.islice(f, number - 1) if text.strip())
+    where = "the header (line 1)" if row < 0 else f"row {row} (line {number})"
+    excel = " (Excel: Save As \"CSV UTF-8\")" if fmt == "csv" else ""
+    return f"{where} is not UTF-8 (byte 0x{line[at]:02x} at byte {at + 1} of the line): save the file as UTF-8{excel}"
+
+
+def _scalars_as_text(ds: datasets.Dataset) -> datasets.Dataset:
+    """JSON Lines columns that hold both strings and integers (labels 0 and "1": han-score and han-label
+    import write a label as a string, and their output is appended to the user's file) as text, an integer
+    as its digits, as a column of integers alone is read for labels. ``datasets`` keeps such a column as
+    JSON text; one holding lists, objects, booleans or fractions is left so (the label check names it)."""
+    import json
+
+    mixed = [c for c, f in ds.features.items() if type(f).__name__ == "Json"]
+    order = ds.column_names
+    for column in mixed:
+        values = [None if v is None else json.loads(v) for v in ds.with_format("arrow")[column].to_pylist()]
+        if all(v is None or isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in values):
+            text = [None if v is None else str(v) for v in values]
+            ds = ds.remove_columns(column).add_column(column, text, feature=datasets.Value("string"))
+    return ds.select_columns(order) if mixed else ds
 
 
 def _csv_text_options(path: Path) -> dict:
@@ -77,16 +150,33 @@ def _load_folder(path: Path) -> datasets.Dataset:
         raise DataError(f"{path}: a data folder needs one sub-folder of .txt files per class")
     texts: list[str] = []
     labels: list[str] = []
+    unreadable: list[tuple[Path, UnicodeDecodeError]] = []
     for folder in classes:
         for file in sorted(f for f in folder.iterdir() if f.suffix.lower() == ".txt" and f.is_file()):
             try:
-                texts.append(file.read_text(encoding="utf-8"))
-            except UnicodeDecodeError:
-                texts.append(file.read_text(encoding="latin-1"))
+                texts.append(_decode(file.read_bytes()))
+            except UnicodeDecodeError as e:
+                unreadable.append((file, e))
             labels.append(folder.name)
+    if unreadable:  # once read as Latin-1: a UTF-16 corpus was trained on as garbage, silently
+        file, e = unreadable[0]
+        line = e.object[:e.start].count(b"\n") + 1
+        more = f"; {len(unreadable):,} of its {len(texts) + len(unreadable):,} .txt files are not" \
+            if len(unreadable) > 1 else ""
+        raise DataError(f"{path}: {file.relative_to(path)} is not UTF-8 (line {line}: byte 0x{e.object[e.start]:02x})"
+                        f"{more}: save them as UTF-8 (UTF-16 with its byte-order mark, Windows' \"Unicode\", "
+                        "is read too)")
     if not texts:
         raise DataError(f"{path}: no .txt files in its class folders ({', '.join(c.name for c in classes)})")
     return datasets.Dataset.from_dict({"text": texts, "label": labels})
+
+
+def _decode(data: bytes) -> str:
+    """A class folder's text file: UTF-8, or UTF-16 or UTF-8 after a byte-order mark (Windows Notepad's
+    "Unicode" and "UTF-8 with BOM"); the mark is not part of the text."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16")
+    return data.decode("utf-8-sig")
 
 
 def _bad_json_line(path: Path) -> str | None:
@@ -144,6 +234,7 @@ def refuse_missing_values(
         items = items.cast(pa.string())
     if not (pa.types.is_string(items.type) or pa.types.is_large_string(items.type)):
         return  # integers, or values of several kinds (which the tokeniser names)
+    _note_other_forms(items, split, source)
     bad = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(items), ""), True) if len(items) else None
     if bad is None or not pc.any(bad).as_py():
         return
@@ -152,6 +243,22 @@ def refuse_missing_values(
     what = empty if not is_list else \
         f"the label list holds {'None' if items[first].as_py() is None else 'an empty label'}; give every label a name"
     raise DataError(f"{split} ({source}) row {row}: {what}")
+
+
+def _note_other_forms(labels: object, split: str, source: str) -> None:
+    """One line where labels are not in Unicode's composed form (NFC): "é" typed on macOS, or a file name
+    there, is often "e" and a combining accent, which looks the same and was a class of its own. The fit
+    reads them composed (``tokenise.label_strings``); a document's text is left as written."""
+    import pyarrow.compute as pc
+    from pytorch_lightning.utilities import rank_zero_info
+
+    other = pc.fill_null(pc.not_equal(labels, pc.utf8_normalize(labels, "NFC")), False)
+    count = pc.sum(other).as_py() or 0
+    if count:
+        first = labels[pc.index(other, True).as_py()].as_py()
+        rank_zero_info(f"{split} ({source}): {count:,} labels (the first {first!r}) are written in another Unicode "
+                       f"form (decomposed, as macOS writes); read composed (NFC): "
+                       f"{unicodedata.normalize('NFC', first)!r} is one label however it is written")
 
 
 def csv_label_lists(raw: datasets.Dataset, source: str, column: str) -> datasets.Dataset:

@@ -3,6 +3,7 @@ in as many processes as the split is worth (``datasets.map`` runs these module-l
 
 from __future__ import annotations
 
+import unicodedata
 from functools import cache
 from typing import Any
 
@@ -82,8 +83,9 @@ def require_text(text: Any, row: int, split: str, source: str) -> str:
 
 
 def label_strings(label: Any, multi_label: bool, split: str, source: str, row: int | None = None) -> list[str]:
-    """The document's labels as strings; an empty or whitespace-only label, or a missing one in a list, is
-    a DataError naming its row (``sources.refuse_missing_values`` names most before tokenising)."""
+    """The document's labels as strings, in Unicode's composed form (NFC); an empty or whitespace-only label,
+    or a missing one in a list, is a DataError naming its row (``sources.refuse_missing_values`` names most
+    before tokenising)."""
     where = f"{split} ({source})" + ("" if row is None else f" row {row}")
     if multi_label:
         if not isinstance(label, (list, tuple)):
@@ -92,9 +94,15 @@ def label_strings(label: Any, multi_label: bool, split: str, source: str, row: i
             if x is None or not str(x).strip():
                 raise DataError(f"{where}: the label list holds {'None' if x is None else 'an empty label'}; "
                                 "give every label a name")
-        return [str(x) for x in label]
+        return [_composed(str(x)) for x in label]
     if label is None or isinstance(label, (list, tuple, dict)):
         raise DataError(f"{where}: a label must be a string or an integer, not {label!r}")
     if not str(label).strip():
         raise DataError(f"{where}: the label is empty; give every label a name")
-    return [str(label)]
+    return [_composed(str(label))]
+
+
+def _composed(label: str) -> str:
+    """A label in Unicode's composed form (NFC): "é" as one character or as "e" and an accent (macOS) looks
+    the same and is one class (``sources.refuse_missing_values`` says so when a file had the other)."""
+    return label if unicodedata.is_normalized("NFC", label) else unicodedata.normalize("NFC", label)
