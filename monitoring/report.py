@@ -133,31 +133,52 @@ def version_report(
 ) -> dict[str, Any]:
     """The report on one version's records (one role), ``feedback`` mapping the (id, request_id) of each answer a
     feedback judged to its true labels (a reused id's other answers are not judged by it)."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["label"]] = counts.get(r["label"], 0) + 1
-    n = len(records)
-    expected = [expected_right(r, profile, multi_label) for r in records]
-    labelled = [(r, e) for r, e in zip(records, expected, strict=True) if (r["id"], r.get("request_id")) in feedback]
-    right = [realised_right(r, feedback[r["id"], r.get("request_id")], labels, multi_label) for r, _ in labelled]
+    columns = _columns(records, feedback, profile, labels, multi_label)
+    return figures(*columns, str(records[0]["time"]) if records else None,
+                   str(records[-1]["time"]) if records else None, profile, multi_label)
+
+
+def _columns(records: Sequence[Mapping[str, Any]], feedback: Mapping[tuple[str, str], Sequence[str]],
+             profile: Mapping[str, Any] | None, labels: Sequence[str], multi_label: bool
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    """The per-document numbers the figures are made of (``monitoring.estimates`` gathers the same while
+    it streams the log): expected, realised (NaN where no feedback judged it), words, oov, label codes."""
+    names: dict[Any, int] = {}
+    right = [realised_right(r, feedback[key], labels, multi_label)
+             if (key := (r["id"], r.get("request_id"))) in feedback else math.nan for r in records]
+    return (np.array([expected_right(r, profile, multi_label) for r in records], dtype=float),
+            np.array(right, dtype=float), np.array([r["words"] for r in records], dtype=float),
+            np.array([r["oov"] for r in records], dtype=float),
+            np.array([names.setdefault(r["label"], len(names)) for r in records], dtype=np.int64), list(names))
+
+
+def figures(expected: np.ndarray, right: np.ndarray, words: np.ndarray, oov: np.ndarray, codes: np.ndarray,
+            names: Sequence[Any], first: str | None, last: str | None, profile: Mapping[str, Any] | None,
+            multi_label: bool) -> dict[str, Any]:
+    """The figures of one version's documents, from their numbers alone (``right``: NaN where not judged;
+    ``codes``: each predicted label as an index into ``names``)."""
+    n = len(expected)
+    counts = {names[code]: int(c) for code, c in enumerate(np.bincount(codes, minlength=len(names))) if c}
+    judged = ~np.isnan(right)
+    realised, on_them = right[judged], expected[judged]
     shift = {
-        "words": _ks([r["words"] for r in records], (profile or {}).get("words")),
-        "oov": _ks([r["oov"] for r in records], (profile or {}).get("oov"), OOV_POINTS),
+        "words": _ks(words, (profile or {}).get("words")),
+        "oov": _ks(oov, (profile or {}).get("oov"), OOV_POINTS),
         "predicted": _labels_test(counts, (profile or {}).get("predicted")),
     }
     tested = [test for test in shift.values() if test is not None]
     return {
         "documents": n,
-        "first": records[0]["time"] if records else None,
-        "last": records[-1]["time"] if records else None,
+        "first": first,
+        "last": last,
         "predicted": {label: round(c / n, 4) for label, c in sorted(counts.items())} if n else {},
         "estimated_accuracy": round(float(np.mean(expected)), 4) if n else None,
         "estimate_from": "profile" if (profile or {}).get("confidence") and not multi_label else "scores",
         "feedback": {
-            "documents": len(labelled),
-            "accuracy": round(float(np.mean(right)), 4) if right else None,
-            "interval": wilson(float(np.sum(right)), len(right)),
-            "estimated_on_them": round(float(np.mean([e for _, e in labelled])), 4) if labelled else None,
+            "documents": len(realised),
+            "accuracy": round(float(np.mean(realised)), 4) if len(realised) else None,
+            "interval": wilson(float(np.sum(realised)), len(realised)),
+            "estimated_on_them": round(float(np.mean(on_them)), 4) if len(on_them) else None,
         },
         "shift": {
             **shift,
@@ -201,32 +222,37 @@ def series(
     """The same figures over time, for charts: ``buckets`` equal spans of time from the first record to the
     last (not of record counts, so that a quiet night and a busy day read as such); a span without a record
     is left out. ``from`` and ``to`` are the span's bounds; the last span includes the last record."""
-    if not records:
+    times = np.array([_seconds(str(r["time"])) for r in records], dtype=float)
+    return series_of(times, *_columns(records, feedback, profile, labels, multi_label), profile, multi_label, buckets)
+
+
+def series_of(times: np.ndarray, expected: np.ndarray, right: np.ndarray, words: np.ndarray, oov: np.ndarray,
+              codes: np.ndarray, names: Sequence[Any], profile: Mapping[str, Any] | None, multi_label: bool,
+              buckets: int = 24) -> list[dict[str, Any]]:
+    """``series`` from the documents' numbers (``times``: seconds since the epoch)."""
+    if not len(times):
         return []
-    times = [_seconds(str(r["time"])) for r in records]
-    start, end = min(times), max(times)
+    start, end = float(times.min()), float(times.max())
     width = (end - start) / buckets
-    chunks: dict[int, list[Mapping[str, Any]]] = {}
-    for record, when in zip(records, times, strict=True):
-        index = min(buckets - 1, int((when - start) / width)) if width > 0 else 0
-        chunks.setdefault(index, []).append(record)
+    index = (np.minimum(buckets - 1, ((times - start) / width).astype(np.int64)) if width > 0
+             else np.zeros(len(times), dtype=np.int64))
     out = []
-    for index in sorted(chunks):
-        chunk = chunks[index]
-        figures = version_report(chunk, feedback, profile, labels, multi_label)
-        low = start + index * width
-        high = end if width == 0 or index == buckets - 1 else start + (index + 1) * width
+    for bucket in np.unique(index).tolist():
+        at = index == bucket
+        chunk = figures(expected[at], right[at], words[at], oov[at], codes[at], names, None, None, profile, multi_label)
+        low = start + bucket * width
+        high = end if width == 0 or bucket == buckets - 1 else start + (bucket + 1) * width
         out.append(
             {
                 "from": _iso(low),
                 "to": _iso(high),
-                "documents": figures["documents"],
-                "estimated_accuracy": figures["estimated_accuracy"],
-                "accuracy": figures["feedback"]["accuracy"],
-                "feedback": figures["feedback"]["documents"],
-                "words": figures["shift"]["words"]["median"] if figures["shift"]["words"] else None,
-                "oov": round(float(np.mean([r["oov"] for r in chunk])), 4),
-                "shift": figures["shift"]["flagged"],
+                "documents": chunk["documents"],
+                "estimated_accuracy": chunk["estimated_accuracy"],
+                "accuracy": chunk["feedback"]["accuracy"],
+                "feedback": chunk["feedback"]["documents"],
+                "words": chunk["shift"]["words"]["median"] if chunk["shift"]["words"] else None,
+                "oov": round(float(np.mean(oov[at])), 4),
+                "shift": chunk["shift"]["flagged"],
             }
         )
     return out

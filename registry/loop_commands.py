@@ -22,7 +22,7 @@ from typing import Any
 
 from model_store.production import deployment_dir, noted_feedback_store, split_tag
 from monitoring.log_files import log_folder, read_log
-from monitoring.profiles import model_facts
+from monitoring.profiles import model_facts, why_no_profile
 
 FEEDBACK_STORE_ENV = "HAN_FEEDBACK_STORE"
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -122,27 +122,25 @@ def logged(
 
 
 def monitor(args: argparse.Namespace) -> int:
-    from monitoring.report import looks_multi_label, report, series
+    """Streams the window: a few numbers a document are kept (``monitoring.estimates``), never the records."""
+    from monitoring.estimates import Window
 
     name = split_tag(args.name)[0]
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
-    records = list(logged(name, since, until, drop=_NOT_REPORTED))
-    if not records:
-        window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
+    records = logged(name, since, until, drop=_NOT_REPORTED)
+    first = next(records, None)
+    if first is None:
+        window = f" since {since.astimezone(UTC):%Y-%m-%d %H:%M} UTC" if since else ""
         print(f"{name}: no logged request{window} (the log is {log_folder(name)})")
         return 0
     feedback = feedback_map(name, store_url(args), since, until)
-    tags = dict.fromkeys(r["model"] for r in records)
-    models = {tag: facts for tag in tags if (facts := model_facts(tag)) is not None}
-    reports = report(records, feedback, models)
+    read = Window(feedback, model_facts)
+    read.add(first)
+    read.add_all(records)
+    reports = read.reports(with_series=bool(args.json))
     for entry in reports:
-        print(format_entry(entry, models.get(entry["model"])))
+        print(format_entry(entry, read.facts.get(entry["model"])))
     if args.json:
-        for entry in reports:
-            rows = [r for r in records if r["model"] == entry["model"] and r.get("role", "production") == entry["role"]]
-            profile, labels, multi = models.get(entry["model"]) or (None, sorted(rows[0]["scores"]),
-                                                                   looks_multi_label(rows))
-            entry["series"] = series(rows, feedback, profile, labels, multi)
         Path(args.json).write_text(json.dumps({"name": name, "versions": reports}, indent=2) + "\n", encoding="utf-8")
     return 0
 
@@ -154,7 +152,8 @@ def format_entry(entry: dict[str, Any], facts: tuple[Any, ...] | None) -> str:
         f"{entry['model']} ({entry['role']}): {entry['documents']:,} documents, "
         f"{entry['first']} to {entry['last']}",
         "  predicted: " + ", ".join(f"{label} {share:.1%}" for label, share in entry["predicted"].items()),
-        f"  estimated accuracy (from the scores, before labels): {entry['estimated_accuracy']:.4f}",
+        f"  estimated accuracy (from the scores, before labels{'' if facts else '; no profile to correct them'}): "
+        f"{entry['estimated_accuracy']:.4f}",
     ]
     if fb["documents"]:
         low, high = fb["interval"]
@@ -166,7 +165,7 @@ def format_entry(entry: dict[str, Any], facts: tuple[Any, ...] | None) -> str:
     else:
         lines.append("  realised accuracy: no feedback yet")
     if facts is None or facts[0] is None:
-        lines.append("  input shift: not tested (the model directory has no training profile)")
+        lines.append(f"  input shift: not tested ({why_no_profile(entry['model'])})")
         return "\n".join(lines)
     parts = []
     for key, what in (("words", "length"), ("oov", "out-of-vocabulary share")):
@@ -192,7 +191,8 @@ def export_log(args: argparse.Namespace) -> int:
     """Each logged id once (its last answer) with its feedback: ``label`` for a single-label model,
     ``labels`` (a list) for a multi-label one, decided once for the model, never row by row (han-train
     reads one label column of one type). An unlabelled row's label is null: ``--data.unlabeled`` reads
-    the text alone, and ``--data.train`` names the row should one slip in."""
+    the text alone, and ``--data.train`` names the row should one slip in. The log is read twice, never
+    held: first a few numbers a record to choose each id's row, then again to write the chosen rows."""
     name = split_tag(args.name)[0]
     out = Path(args.out)
     if out.suffix not in (".jsonl", ".csv", ".parquet"):
@@ -200,65 +200,59 @@ def export_log(args: argparse.Namespace) -> int:
     if out.exists() and not args.overwrite:  # a labelled file from an earlier round, say: never replaced unasked
         raise CommandError(f"{out} already exists; pass --overwrite to replace it")
     since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
-    roles = None if args.role == "all" else [args.role]
-    from monitoring.report import looks_multi_label  # numpy: imported when needed, not at every han-model start
+    roles = None if args.role == "all" else {args.role}
+    from monitoring.estimates import ExportChoice  # numpy: imported when needed, not at every han-model start
 
     feedback = feedback_map(name, store_url(args), since, until)
-    latest: dict[str, dict[str, Any]] = {}
-    judged: dict[str, dict[str, Any]] = {}  # an id's answer that its feedback judged, where it has one
-    per_label: dict[str, bool] = {}  # each version: do its answers look multi-label?
-    textless: dict[str, bool] = {}  # ids answered with HAN_LOG_TEXT=0 (it may change between restarts): judged?
-    answered: set[tuple[str, Any]] = set()  # (id, request) production answered: its shadow copy is not the answer
-    for record in logged(name, since, until, roles):
-        answer = (record["id"], record.get("request_id"))
-        if record.get("role") == "shadow" and answer in answered:
-            continue
-        if record.get("role", "production") == "production":
-            answered.add(answer)
-        if "text" not in record:
-            textless[record["id"]] = textless.get(record["id"], False) or answer in feedback
-            continue
-        tag = record["model"]
-        per_label[tag] = per_label.get(tag, False) or looks_multi_label([record])
-        row = {key: record.get(key) for key in ("text", "label", "labels", "model", "time")}
-        if answer in feedback:
-            judged[record["id"]] = row | {"truth": feedback[answer]}
-        latest.pop(record["id"], None)  # a reused id: the last answer, in its place in time
-        latest[record["id"]] = row
-    # a reused id with feedback: the answer it judged (its text is what was labelled), not a later one
-    latest = {doc_id: judged.get(doc_id, r) for doc_id, r in latest.items()}
-    if args.labelled_only:
-        latest = {doc_id: r for doc_id, r in latest.items() if "truth" in r}
-    # the documents the file lacks for want of their text: of those with feedback alone, for --labelled-only
-    lacking = sum(1 for doc_id, fed in textless.items() if doc_id not in latest and (fed or not args.labelled_only))
-    if not latest and lacking:
-        raise CommandError(f"{log_folder(name)}: no logged document{' with feedback' if args.labelled_only else ''} "
-                           f"in the window has its text ({lacking:,} were logged without it, "
-                           "HAN_LOG_TEXT=0): there is nothing to train on")
-    if not latest:
-        raise CommandError(
-            f"{name}: no logged document{' with feedback' if args.labelled_only else ''} in the window; nothing written"
-        )
-    multi = multi_label_task(name, {r["model"] for r in latest.values()}, per_label)
+    choice = ExportChoice(feedback, roles, args.labelled_only)
+    for record in logged(name, since, until):  # every role: whether a judged answer is still in the log
+        choice.see(record)
+    chosen = choice.choose()
+    lacking, gone = choice.lacking(), choice.gone()
+    what = " with feedback" if args.labelled_only else ""
+    if not chosen.rows and lacking:
+        raise CommandError(f"{log_folder(name)}: no logged document{what} in the window has its text ({lacking:,} "
+                           "were logged without it, HAN_LOG_TEXT=0): there is nothing to train on")
+    if not chosen.rows:
+        lost = f" ({gone:,} with feedback whose log lines the log's size cap deleted)" if gone else ""
+        raise CommandError(f"{name}: no logged document{what} in the window{lost}; nothing written")
+    multi = multi_label_task(name, chosen.chosen_tags, choice.per_label)
     if multi and out.suffix == ".csv":
         raise CommandError(f"{out}: {name} is multi-label, and a CSV cell cannot hold a list of labels that "
                            "han-train reads: write .jsonl or .parquet")
-    rows = [export_row(doc_id, record, record.get("truth"), multi) for doc_id, record in latest.items()]
     label_sets: dict[tuple[str, ...], list[str]] = {}  # a relabelled model's versions: said, not hidden
-    for tag in sorted({r["model"] for r in latest.values()}):
+    for tag in sorted(chosen.chosen_tags):
         if (facts := model_facts(tag)) is not None:
             label_sets.setdefault(tuple(facts[1]), []).append(tag)
     if len(label_sets) > 1:
         sets = "; ".join(f"{', '.join(tags)}: {', '.join(labels)}" for labels, tags in label_sets.items())
         print(f"note: the window's versions have different labels ({sets}); the file holds them all "
               "(--since/--until export one set)", file=sys.stderr)
-    _write(rows, out)
-    labelled = sum(1 for r in latest.values() if "truth" in r)
-    column = "labels" if multi else "label"
-    print(f"wrote {len(rows):,} documents ({labelled:,} with feedback) to {out}; label column: {column}")
+    labelled = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal labelled
+        for record in chosen.rows_of(logged(name, since, until, roles)):
+            truth = feedback.get((record["id"], record.get("request_id")))
+            labelled += truth is not None
+            yield export_row(record["id"], record, truth, multi)
+
+    written = _write(rows(), out, multi)
+    missing = chosen.rows - written  # deleted by the log's cap between the two reads
+    if not written:
+        raise CommandError(f"{log_folder(name)}: the log's files were deleted while they were read (its size cap?); "
+                           "nothing written")
+    print(f"wrote {written:,} documents ({labelled:,} with feedback) to {out}; label column: "
+          f"{'labels' if multi else 'label'}")
     if lacking:
-        print(f"left out {lacking:,} logged documents{' with feedback' if args.labelled_only else ''} whose text "
-              "was not logged (HAN_LOG_TEXT=0)", file=sys.stderr)
+        print(f"left out {lacking:,} logged documents{what} whose text was not logged (HAN_LOG_TEXT=0)",
+              file=sys.stderr)
+    if gone:
+        print(f"left out {gone:,} documents with feedback whose log lines are gone (the log's size cap deleted them "
+              "before the export): their text cannot be exported", file=sys.stderr)
+    if missing:
+        print(f"left out {missing:,} documents whose log file the size cap deleted while the export read it",
+              file=sys.stderr)
     return 0
 
 
@@ -287,23 +281,59 @@ def export_row(doc_id: str, record: Mapping[str, Any], truth: list[str] | None, 
             "time": record["time"]}
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
-    """Written beside ``out`` and moved into place: never half a file."""
+def _write(rows: Iterable[dict[str, Any]], out: Path, multi: bool) -> int:
+    """Written beside ``out`` as the rows come (a chunk at a time for CSV and Parquet) and moved into place:
+    never half a file. Returns the rows written."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    written = 0
     try:
         if out.suffix == ".jsonl":
             with tmp.open("w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    written += 1
         else:
             import pandas as pd
 
-            frame = pd.DataFrame(rows)
-            if out.suffix == ".csv":
-                frame.to_csv(tmp, index=False)
-            else:
-                frame.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
+            writer = None
+            with tmp.open("wb") as f:
+                for chunk in _chunks(rows, 20_000):
+                    frame = pd.DataFrame(chunk)
+                    if out.suffix == ".csv":
+                        frame.to_csv(f, index=False, header=written == 0)
+                    else:
+                        import pyarrow as pa
+                        import pyarrow.parquet as pq
+
+                        table = pa.Table.from_pandas(frame, schema=_schema(multi), preserve_index=False)
+                        writer = writer or pq.ParquetWriter(f, table.schema)
+                        writer.write_table(table)
+                    written += len(chunk)
+                if writer is not None:
+                    writer.close()
+        if written:
+            os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+    return written
+
+
+def _chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _schema(multi: bool) -> Any:
+    """The exported Parquet columns, fixed: a chunk of unlabelled rows must not make the label column null."""
+    import pyarrow as pa
+
+    text, labels = pa.string(), pa.list_(pa.string())
+    label = [("labels", labels), ("predicted", labels)] if multi else [("label", text), ("predicted", text)]
+    return pa.schema([("id", text), ("text", text), *label, ("model", text), ("time", text)])

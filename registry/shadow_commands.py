@@ -11,6 +11,7 @@ import argparse
 import math
 import sys
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,19 +87,12 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
     challenger, incumbent = resolve_tag(new), resolve_tag(old)
     since, until = parse_time(getattr(args, "since", None), "--since"), parse_time(getattr(args, "until", None),
                                                                                     "--until")
-    production: dict[tuple[str, str], dict[str, Any]] = {}
-    shadowed: dict[tuple[str, str], dict[str, Any]] = {}
+    feedback = feedback_map(name, store_url(args), since, until)
+    pairs = ShadowPairs(challenger, incumbent, feedback)
     for record in logged(name, since, until, drop=("text", "text_sha256")):
-        key = (str(record.get("request_id")), str(record["id"]))
-        answer = {"id": record["id"], "request_id": key[0], "model": record["model"],
-                  "labels": record.get("labels") or []}
-        if record.get("role") == "shadow" and record["model"] == challenger:
-            shadowed[key] = answer
-        elif record.get("role", "production") == "production":
-            production[key] = answer
-    others = sorted({p["model"] for key, p in production.items() if key in shadowed} - {incumbent})
-    pairs = [(p, s) for key, s in shadowed.items() if (p := production.get(key)) and p["model"] == incumbent]
-    if not pairs:
+        pairs.add(record)
+    paired, agree, others, judged = pairs.match()
+    if not paired:
         beside = f" (it shadowed {', '.join(others)}: compare with that version)" if others else (
             f": start one with `han-model shadow {challenger} --fraction 0.2`")
         raise CommandError(f"the log has no document that both {challenger} (shadow) and {incumbent} "
@@ -106,8 +100,64 @@ def shadow_comparison(new: str, old: str, args: argparse.Namespace) -> dict[str,
     if others:
         print(f"note: left out the documents {challenger} shadowed beside {', '.join(others)}; compared with "
               f"{incumbent} alone", file=sys.stderr)
-    feedback = feedback_map(name, store_url(args), since, until)
-    return compare_pairs(pairs, feedback, challenger, incumbent)
+    return _comparison(paired, agree, judged, [incumbent], challenger, incumbent)
+
+
+class ShadowPairs:
+    """The log's answers, a few numbers each (never the records): a 64-bit key of (request, document), the
+    version and the labels as codes. A shadow answer pairs with production's answer to the same key; the
+    last answer of a key counts (as a dict would keep it), the pairs in the order their keys first came."""
+
+    def __init__(self, challenger: str, incumbent: str, feedback: Mapping[tuple[str, str], Sequence[str]]) -> None:
+        self.challenger, self.incumbent, self.feedback = challenger, incumbent, feedback
+        self.production, self.shadow = (array("Q"), array("q"), array("q")), (array("Q"), array("q"))
+        self.labels: dict[tuple[str, ...], int] = {}
+        self.models: dict[str, int] = {}
+        self.judged: dict[int, tuple[str, str]] = {}  # a judged production answer's key: its (id, request_id)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        request, doc = str(record.get("request_id")), str(record["id"])
+        key = hash((request, doc)) & (2**64 - 1)
+        labels = self.labels.setdefault(tuple(record.get("labels") or []), len(self.labels))
+        if record.get("role") == "shadow" and record["model"] == self.challenger:
+            self.shadow[0].append(key)
+            self.shadow[1].append(labels)
+        elif record.get("role", "production") == "production":
+            self.production[0].append(key)
+            self.production[1].append(self.models.setdefault(record["model"], len(self.models)))
+            self.production[2].append(labels)
+            if (record["id"], request) in self.feedback:
+                self.judged[key] = (record["id"], request)
+
+    def match(self) -> tuple[int, int, list[str], list[tuple[list[str], list[str], Sequence[str]]]]:
+        """The pairs with the incumbent: how many, how many agree, the other production versions the
+        challenger shadowed, and (production's labels, the challenger's, the truth) of each id judged."""
+        import numpy as np
+
+        if not len(self.production[0]) or not len(self.shadow[0]):
+            return 0, 0, [], []
+        p_keys, s_keys = (np.frombuffer(a, dtype=np.uint64) for a in (self.production[0], self.shadow[0]))
+        p_models, p_labels = (np.frombuffer(a, dtype=np.int64) for a in self.production[1:])
+        s_labels = np.frombuffer(self.shadow[1], dtype=np.int64)
+        keys, back = np.unique(s_keys[::-1], return_index=True)
+        _, first = np.unique(s_keys, return_index=True)
+        order = np.argsort(first, kind="stable")
+        keys, s_last = keys[order], (len(s_keys) - 1 - back)[order]  # each key once: its last answer, in first order
+        p_unique, back = np.unique(p_keys[::-1], return_index=True)
+        at = np.minimum(np.searchsorted(p_unique, keys), max(len(p_unique) - 1, 0))
+        found = p_unique[at] == keys
+        p_last = (len(p_keys) - 1 - back)[at]
+        names = list(self.models)
+        incumbent = self.models.get(self.incumbent, -1)
+        others = sorted({names[m] for m in np.unique(p_models[p_last[found]]).tolist()} - {self.incumbent})
+        mine = found & (p_models[p_last] == incumbent)
+        old, new = p_labels[p_last[mine]], s_labels[s_last[mine]]
+        label_names = list(self.labels)
+        judged: dict[str, tuple[list[str], list[str], Sequence[str]]] = {}
+        for key, o, n in zip(keys[mine].tolist(), old.tolist(), new.tolist(), strict=True):
+            if (answer := self.judged.get(key)) is not None:  # a reused id: the last of its pairs in order counts
+                judged[answer[0]] = (list(label_names[o]), list(label_names[n]), self.feedback[answer])
+        return int(mine.sum()), int((old == new).sum()), others, list(judged.values())
 
 
 def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
@@ -117,21 +167,28 @@ def compare_pairs(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     comparison (data, metric, new_score, old_score, difference, interval, p_value, test, verdict), so that a
     challenger worse on the shadow feedback is refused like one worse on labelled data. ``feedback`` maps the
     (id, request_id) of each answer a feedback judged to its truth: a reused id's other pairs are not judged."""
+    agree = sum(p["labels"] == s["labels"] for p, s in pairs)
+    judged = {p["id"]: (p["labels"], s["labels"], feedback[key]) for p, s in pairs
+              if (key := (p["id"], p.get("request_id"))) in feedback}
+    return _comparison(len(pairs), agree, list(judged.values()), sorted({p["model"] for p, _ in pairs}),
+                       challenger, old)
+
+
+def _comparison(paired: int, agree: int, labelled: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]],
+                versions: list[str], challenger: str, old: str) -> dict[str, Any]:
+    """``compare_pairs``'s figures from the counts: ``labelled`` holds (production's labels, the challenger's,
+    the truth) of each judged document."""
     from scipy.stats import binomtest
 
-    agree = sum(p["labels"] == s["labels"] for p, s in pairs)
-    judged = {p["id"]: (p, s, feedback[key]) for p, s in pairs if (key := (p["id"], p.get("request_id"))) in feedback}
-    labelled = list(judged.values())
-    new_right = [sorted(s["labels"]) == sorted(t) for _, s, t in labelled]
-    old_right = [sorted(p["labels"]) == sorted(t) for p, _, t in labelled]
+    new_right = [sorted(new) == sorted(t) for _, new, t in labelled]
+    old_right = [sorted(prod) == sorted(t) for prod, _, t in labelled]
     only_new = sum(n and not o for n, o in zip(new_right, old_right, strict=True))
     only_old = sum(o and not n for n, o in zip(new_right, old_right, strict=True))
     p_value = binomtest(only_new, only_new + only_old).pvalue if only_new + only_old else 1.0
-    versions = sorted({p["model"] for p, _ in pairs})
     n = len(labelled)
     result: dict[str, Any] = {
-        "new": challenger, "old": old, "production_versions": versions, "paired": len(pairs),
-        "agreement": round(agree / len(pairs), 4), "agreement_interval": wilson(agree, len(pairs)),
+        "new": challenger, "old": old, "production_versions": versions, "paired": paired,
+        "agreement": round(agree / paired, 4), "agreement_interval": wilson(agree, paired),
         "data": f"the shadow log ({n:,} live documents with feedback)", "documents": n, "labelled": n,
         "metric": "accuracy",
         "new_score": round(sum(new_right) / n, 4) if n else None,
