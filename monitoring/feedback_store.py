@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from monitoring.store_schema import create_schema
+from monitoring.store_schema import Cursor, create_schema, lock_feedback
 
 ROLES = ("production", "shadow")
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction (SQLite's busy timeout)
@@ -135,17 +135,29 @@ class FeedbackStore:
     def add_feedback(self, items: Iterable[Feedback], source: str | None = None, at: datetime | None = None) -> int:
         """Record a request's feedback in one transaction, all of it or none (``RejectedError``, with the
         ids no prediction has); a later feedback for an id replaces the earlier one. Returns how many."""
+        items = list(items)
+        self.update_feedback(items, source, at)
+        return len(items)
+
+    def update_feedback(self, items: Iterable[Feedback], source: str | None = None,
+                        at: datetime | None = None) -> dict[str, list[str]]:
+        """``add_feedback``, returning the labels stored that are new for their id (it had none, or others).
+        They are read in the transaction that writes them, which holds off every other writer of those ids
+        (``lock_feedback``), so that the same label sent twice at once is new to one of the two only."""
         when = self._time(at or datetime.now(UTC))
         # Sorted by id (stably: a repeated id still ends with its last labels) so that two transactions
         # upserting the same ids take their row locks in one order and cannot deadlock.
         rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id) for f in items), key=lambda row: row[0])
+        latest = {row[0]: _labels(row[1]) for row in rows}
         with self._transaction(write=True) as cur:
+            lock_feedback(cur, self.dialect, list(latest))
+            before = self._feedback_of(cur, latest)
             cur.executemany(self._sql.upsert, rows if self._sql.judged_seq else [row[:4] for row in rows])
             missing = self._unknown(cur, [row[0] for row in rows])
             if missing:
                 shown = ", ".join(repr(i) for i in missing[:10]) + (" …" if len(missing) > 10 else "")
                 raise RejectedError(f"no prediction has the id(s) {shown}", missing)
-        return len(rows)
+        return {i: labels for i, labels in latest.items() if before.get(i) != labels}
 
     def joined(self, since: datetime | None = None, until: datetime | None = None, model: str | None = None,
                role: str | None = None, latest: bool = True, labelled_only: bool = False) -> list[LabelledPrediction]:
@@ -185,13 +197,8 @@ class FeedbackStore:
 
     def feedback_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
         """The feedback stored so far for each of ``ids`` that has one."""
-        wanted, found = list(dict.fromkeys(ids)), {}
         with self._transaction(write=False) as cur:
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start:start + _CHUNK]
-                cur.execute(f"SELECT id, labels FROM feedback WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
-                found.update((i, _labels(labels)) for i, labels in cur.fetchall())
-        return found
+            return self._feedback_of(cur, ids)
 
     def forget_predictions(self, before: datetime) -> int:
         """Delete the predictions made before ``before`` that no feedback names (the table would otherwise grow
@@ -214,7 +221,15 @@ class FeedbackStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unknown(self, cur: _Cursor, ids: Iterable[str]) -> list[str]:
+    def _feedback_of(self, cur: Cursor, ids: Iterable[str]) -> dict[str, list[str]]:
+        wanted, found = list(dict.fromkeys(ids)), {}
+        for start in range(0, len(wanted), _CHUNK):
+            chunk = wanted[start:start + _CHUNK]
+            cur.execute(f"SELECT id, labels FROM feedback WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+            found.update((i, _labels(labels)) for i, labels in cur.fetchall())
+        return found
+
+    def _unknown(self, cur: Cursor, ids: Iterable[str]) -> list[str]:
         wanted = list(dict.fromkeys(ids))
         known: set[str] = set()
         for start in range(0, len(wanted), _CHUNK):
@@ -229,12 +244,12 @@ class FeedbackStore:
         return when.isoformat(timespec="microseconds") if self.dialect == "sqlite" else when
 
     @contextmanager
-    def _transaction(self, write: bool) -> Iterator[_Cursor]:
+    def _transaction(self, write: bool) -> Iterator[Cursor]:
         """One transaction, rolled back on any error."""
         with self._lock:
             cursor = self._begin(write)
             try:
-                yield _Cursor(cursor, self.dialect == "postgresql")
+                yield Cursor(cursor, self.dialect == "postgresql")
                 cursor.execute("COMMIT")
             except BaseException as error:
                 with suppress(Exception):
@@ -276,24 +291,6 @@ class FeedbackStore:
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return message
-
-
-class _Cursor:
-    """A DB-API cursor that takes SQLite's ``?`` placeholders for either database (no SQL here has a ``?``
-    of another kind)."""
-
-    def __init__(self, cursor: Any, postgres: bool) -> None:
-        self._cursor, self._postgres = cursor, postgres
-
-    def __getattr__(self, name: str) -> Any:  # fetchall, fetchone
-        return getattr(self._cursor, name)
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self._cursor.execute(sql.replace("?", "%s") if self._postgres else sql, params)
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        if rows:
-            self._cursor.executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
 
 
 def open_store(url: str | None, default: Path, existing: bool = False) -> FeedbackStore:

@@ -1,15 +1,21 @@
 """The feedback store's tables, one text for SQLite and PostgreSQL, and the columns later releases added
-(a store made by an earlier release gains them when it is opened)."""
+(a store made by an earlier release gains them when it is opened); the cursor that runs that one text on
+either, and the lock a feedback writer holds on its ids."""
 
 from __future__ import annotations
 
 import logging
+import zlib
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 MAX_ID_LENGTH = 512
 # A PostgreSQL advisory lock key (any fixed number): concurrent CREATE TABLE IF NOT EXISTS can still
 # collide in PostgreSQL's catalogue, so processes that open the store at once create the schema in turn.
 SCHEMA_LOCK = 0x48414E46
+# The class of the PostgreSQL advisory locks (two int4 keys: this, and a hash of an id) that a feedback writer
+# holds on its ids until it commits (``lock_feedback``).
+FEEDBACK_LOCK = 0x48414E4C
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS predictions (
@@ -71,6 +77,39 @@ class Statements(NamedTuple):
 
 CURRENT = Statements(JUDGED, UPSERT_FEEDBACK, True)
 BEFORE_SEQ = Statements(JUDGED_BEFORE_SEQ, UPSERT_FEEDBACK_BEFORE_SEQ, False)
+
+
+class Cursor:
+    """A DB-API cursor that takes SQLite's ``?`` placeholders for either database (no SQL here has a ``?``
+    of another kind)."""
+
+    def __init__(self, cursor: Any, postgres: bool) -> None:
+        self._cursor, self._postgres = cursor, postgres
+
+    def __getattr__(self, name: str) -> Any:  # fetchall, fetchone
+        return getattr(self._cursor, name)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._cursor.execute(sql.replace("?", "%s") if self._postgres else sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self._cursor.executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
+
+
+def lock_feedback(cur: Any, dialect: str, ids: Iterable[str]) -> None:
+    """Hold off, until this write transaction ends, every other writer of the feedback of ``ids``, so that
+    what it reads of them stays theirs until it writes: a writer that reads an id's label and then stores one
+    must not find it new while another does the same. SQLite's writers hold the whole file already (BEGIN
+    IMMEDIATE). PostgreSQL's row locks miss an id no row has yet (the upsert waits for the row another
+    transaction inserts, then overwrites it): an advisory lock a hashed id, which needs no right on a table
+    (a role granted rows only takes it), taken in one order (a collision only makes two writers wait)."""
+    if dialect != "postgresql":
+        return
+    keys = sorted({zlib.crc32(i.encode("utf-8", "surrogatepass")) - 2**31 for i in ids})
+    if keys:  # unnest yields them in the array's order, so every writer locks in ascending order
+        cur.execute("SELECT count(pg_advisory_xact_lock(?, k)) FROM unnest(?::int4[]) AS k", (FEEDBACK_LOCK, keys))
+        cur.fetchall()
 
 
 def create_schema(cur: Any, dialect: str, create: bool = True) -> Statements | None:

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from monitoring.feedback_store import Feedback, FeedbackStore, RejectedError, StoreError
 from service.api import DocumentId
+from service.guard import replace_lone_surrogates
 from service.way_back import model_facts
 
 MAX_FEEDBACK = 1000  # items per request
@@ -102,12 +103,10 @@ def store_feedback(store: FeedbackStore, items: list[Any], source: str | None, f
                                f"{', '.join(known or [])})"))
         else:
             keep.append(Feedback(item.id, truth(item)))
-    latest = {f.id: f.labels for f in keep}
-    before = store.feedback_of(list(latest)) if keep else {}
-    if keep:
-        store.add_feedback(keep, source=source)
-    new = {i: labels for i, labels in latest.items() if before.get(i) != labels}
-    return FeedbackResponse(stored=len(latest), unknown=unknown), answered, refused, new
+    # what is new is read in the transaction that stores it: the same feedback sent twice at once (a client's
+    # retry through a load balancer) is new to one of the two requests, and counted once
+    new = store.update_feedback(keep, source=source) if keep else {}
+    return FeedbackResponse(stored=len({f.id for f in keep}), unknown=unknown), answered, refused, new
 
 
 def unknown_message(unknown: list[str], stored: int) -> str:
@@ -157,7 +156,7 @@ async def feedback_endpoint(request: Request, writer: Any, request_type: type[Ba
         return JSONResponse({"error": 'the request body is empty; send {"feedback": [{"id": "...", '
                                       '"label": "..."}]}'}, status_code=400)
     try:
-        parsed = request_type.model_validate_json(bytes(body))
+        parsed = request_type.model_validate_json(replace_lone_surrogates(bytes(body)))  # as /classify reads it
     except ValidationError as e:
         errors = e.errors(include_url=False)
         status = 400 if errors[0]["type"] == "json_invalid" else 422

@@ -103,3 +103,12 @@ def test_the_page_classifies_a_text_cut_inside_an_emoji_and_shows_it_as_typed(se
                          ".value")
     words = page.evaluate("[...document.querySelectorAll('#explanation .word')].map((w) => w.textContent)")
     assert words[:3] == ["A", "wonderful", "film"]
+
+
+def test_feedback_reads_a_lone_surrogate_as_classify_does(server):
+    """/feedback parses its own body: an id with a lone surrogate escape is the id /classify answered with
+    (U+FFFD in its place), not a 400 about JSON."""
+    status, answer = _post(server, "/classify", b'{"documents": [{"id": "fb-\\ud83d", "text": "A fine film."}]}')
+    assert status == 200 and answer["results"][0]["id"] == "fb-\ufffd", answer
+    status, stored = _post(server, "/feedback", b'{"feedback": [{"id": "fb-\\ud83d", "label": "pos"}]}')
+    assert status == 200 and stored["stored"] == 1, stored
