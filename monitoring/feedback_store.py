@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from monitoring.store_schema import Cursor, create_schema, lock_feedback
+from monitoring.store_schema import Cursor, create_schema, credentials, from_db, joined_query, labels_of, lock_feedback
 
 ROLES = ("production", "shadow")
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction (SQLite's busy timeout)
 CONNECT_TIMEOUT_S = 10
 _CHUNK = 500  # ids per IN (...) query: far below SQLite's limit on parameters
+_BATCH = 1000  # rows a report's read (``joined``) holds at a time
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 class StoreError(RuntimeError):
     """The store cannot be opened or reached: one line naming it (never with its password) and the problem."""
@@ -117,14 +118,17 @@ class FeedbackStore:
         return len(rows)
 
     def latest_predictions(self, ids: Iterable[str], role: str = "production") -> dict[str, tuple[str, list[str]]]:
-        """Each id's last answer in ``role``: (model, labels)."""
-        wanted, found = list(dict.fromkeys(ids)), {}
+        """Each id's last answer in ``role``: (model, labels); the one a feedback given now judges (one stamped
+        later than now came earlier, from a clock that then stepped back: ``store_schema.UPSERT_FEEDBACK``)."""
+        wanted, found, now = list(dict.fromkeys(ids)), {}, self._time(datetime.now(UTC))
         with self._transaction(write=False) as cur:
             for start in range(0, len(wanted), _CHUNK):
                 chunk = wanted[start:start + _CHUNK]
-                cur.execute(f"SELECT id, model, labels FROM predictions WHERE role = ? AND id IN "
-                            f"({', '.join('?' * len(chunk))}) ORDER BY at, seq", [role, *chunk])
-                found.update((i, (model, _labels(labels))) for i, model, labels in cur.fetchall())
+                marks = ", ".join("?" * len(chunk))
+                cur.execute(f"SELECT id, model, labels FROM predictions WHERE role = ? AND id IN ({marks}) "
+                            "ORDER BY CASE WHEN at <= ? THEN 1 ELSE 0 END, CASE WHEN at <= ? THEN at END, seq",
+                            [role, *chunk, now, now])
+                found.update((i, (model, labels_of(labels))) for i, model, labels in cur.fetchall())
         return found
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
@@ -147,8 +151,9 @@ class FeedbackStore:
         when = self._time(at or datetime.now(UTC))
         # Sorted by id (stably: a repeated id still ends with its last labels) so that two transactions
         # upserting the same ids take their row locks in one order and cannot deadlock.
-        rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id) for f in items), key=lambda row: row[0])
-        latest = {row[0]: _labels(row[1]) for row in rows}
+        rows = sorted(((_id(f.id), _labels_json(f.labels), source, when, f.id, when, when) for f in items),
+                      key=lambda row: row[0])
+        latest = {row[0]: labels_of(row[1]) for row in rows}
         with self._transaction(write=True) as cur:
             lock_feedback(cur, self.dialect, list(latest))
             before = self._feedback_of(cur, latest)
@@ -160,31 +165,25 @@ class FeedbackStore:
         return {i: labels for i, labels in latest.items() if before.get(i) != labels}
 
     def joined(self, since: datetime | None = None, until: datetime | None = None, model: str | None = None,
-               role: str | None = None, latest: bool = True, labelled_only: bool = False) -> list[LabelledPrediction]:
+               role: str | None = None, latest: bool = True,
+               labelled_only: bool = False) -> Iterator[LabelledPrediction]:
         """Predictions made in [since, until) (by ``model``, in ``role``: all when None) with their feedback,
         oldest first. A feedback belongs to the answer it judged: production's last answer to its id when
         the feedback was given, and the shadow's answer to the same request; a reused id's other answers
-        have none. ``latest`` keeps one prediction per id and role: the judged one, else the window's last."""
+        have none. ``latest`` keeps one prediction per id and role: the judged one, else the window's last.
+        Yielded as read, in batches (a report over a large store never holds every row), from a connection
+        of its own: the store's other calls go on meanwhile; the read ends when the iterator is done or closed."""
         conditions, params = [], []
         for clause, value in (("at >= ?", since), ("at < ?", until), ("model = ?", model), ("role = ?", role)):
             if value is not None:
                 conditions.append(clause)
                 params.append(self._time(value) if isinstance(value, datetime) else value)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        last = (" JOIN (SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY id, role ORDER BY judged DESC, "
-                "at DESC, seq DESC) AS r FROM v) x WHERE r = 1) l ON l.seq = v.seq") if latest else ""
-        join, judged = ("JOIN" if labelled_only else "LEFT JOIN"), self._sql.judged
-        with self._transaction(write=False) as cur:
-            cur.execute(f"WITH w AS (SELECT * FROM predictions{where}), j AS ({judged}), v AS (SELECT w.*, CASE "
-                        f"WHEN j.id IS NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND "
-                        f"j.request_id = w.request_id) SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, "
-                        f"v.at, f.labels, f.source, f.at FROM v{last} {join} feedback f ON f.id = v.id AND "
-                        f"v.judged = 1 ORDER BY v.at, v.seq", params)
-            rows = cur.fetchall()
-        return [LabelledPrediction(i, request, tag, role_, _labels(predicted), score, _from_db(at),
-                                   None if fed is None else _labels(fed), source, None if fed_at is None
-                                   else _from_db(fed_at))
-                for i, request, tag, role_, predicted, score, at, fed, source, fed_at in rows]
+        rows = self._stream(joined_query(self._sql.judged, where, latest, labelled_only), params)
+        for i, request, tag, role_, predicted, score, at, fed, source, fed_at in rows:
+            yield LabelledPrediction(i, request, tag, role_, labels_of(predicted), score, from_db(at),
+                                     None if fed is None else labels_of(fed), source,
+                                     None if fed_at is None else from_db(fed_at))
 
     def feedback_labels(self, since: datetime | None = None, until: datetime | None = None) -> dict[str, list[str]]:
         """Every id's feedback (given in [since, until) where those are set): the feedback table alone, which
@@ -193,7 +192,7 @@ class FeedbackStore:
         where = f" WHERE {' AND '.join(c for c, _ in bounds)}" if bounds else ""
         with self._transaction(write=False) as cur:
             cur.execute(f"SELECT id, labels FROM feedback{where}", [v for _, v in bounds])
-            return {i: _labels(labels) for i, labels in cur.fetchall()}
+            return {i: labels_of(labels) for i, labels in cur.fetchall()}
 
     def feedback_of(self, ids: Iterable[str]) -> dict[str, list[str]]:
         """The feedback stored so far for each of ``ids`` that has one."""
@@ -201,11 +200,10 @@ class FeedbackStore:
             return self._feedback_of(cur, ids)
 
     def forget_predictions(self, before: datetime) -> int:
-        """Delete the predictions made before ``before`` that no feedback names (the table would otherwise grow
-        a row a document forever); returns how many."""
+        """Delete the predictions made before ``before`` that no feedback judged (the table would otherwise grow
+        a row a document forever; a reused id's other answers go too); returns how many."""
         with self._transaction(write=True) as cur:
-            cur.execute("DELETE FROM predictions WHERE at < ? AND id NOT IN (SELECT id FROM feedback)",
-                        [self._time(before)])
+            cur.execute(self._sql.forget, [self._time(before)])
             return int(cur.rowcount or 0)
 
     def close(self) -> None:
@@ -226,7 +224,7 @@ class FeedbackStore:
         for start in range(0, len(wanted), _CHUNK):
             chunk = wanted[start:start + _CHUNK]
             cur.execute(f"SELECT id, labels FROM feedback WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
-            found.update((i, _labels(labels)) for i, labels in cur.fetchall())
+            found.update((i, labels_of(labels)) for i, labels in cur.fetchall())
         return found
 
     def _unknown(self, cur: Cursor, ids: Iterable[str]) -> list[str]:
@@ -242,6 +240,30 @@ class FeedbackStore:
         """UTC; naive times are taken as UTC. SQLite keeps ISO text of one width, so it sorts as time does."""
         when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
         return when.isoformat(timespec="microseconds") if self.dialect == "sqlite" else when
+
+    def _stream(self, sql: str, params: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+        """One query's rows, ``_BATCH`` at a time, in a read transaction on a connection of its own (an
+        in-memory SQLite database has only the store's). PostgreSQL sends a plain cursor's whole result at
+        once: there it is a server-side one."""
+        if self.where == ":memory:":
+            with self._transaction(write=False) as cur:
+                cur.execute(sql, params)
+                rows = cur.fetchall()
+            yield from rows
+            return
+        conn = self._open()
+        try:
+            conn.execute("BEGIN")
+            postgres = self.dialect == "postgresql"
+            cursor = Cursor(conn.cursor(name="han_joined") if postgres else conn.cursor(), postgres)
+            cursor.execute(sql, params)
+            while batch := cursor.fetchmany(_BATCH):
+                yield from batch
+        except self._db_error as error:
+            raise StoreError(f"feedback store {self.where}: {self._scrub(error)}") from error
+        finally:
+            with suppress(Exception):
+                conn.close()
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Cursor]:
@@ -317,21 +339,10 @@ def redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url  # a file's path: nothing to hide
-    user, password = _credentials(url)
+    user, password = credentials(url)
     if password is not None:  # the host is after the last "@": a password may hold "@", "/" or "#" unencoded
         rest = f"{user}:***@{rest.rpartition('@')[2]}"
     return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}"
-
-
-def _credentials(url: str) -> tuple[str, str | None]:
-    """The user and password of a URL, split at its last "@" (urlsplit stops at the first "/", "?" or "#",
-    so a password holding one, not percent-encoded, was cut short there, and only its first characters
-    were then hidden, wherever they occurred in a message)."""
-    userinfo, at, _ = url.partition("://")[2].rpartition("@")
-    if not at or ":" not in userinfo:
-        return userinfo, None
-    user, _, password = userinfo.partition(":")
-    return user, password
 
 
 def _sqlite(path: Path, create: bool = True) -> FeedbackStore:
@@ -367,7 +378,7 @@ def _postgres(url: str, create: bool) -> FeedbackStore:
         import psycopg
     except ImportError:
         raise StoreError(f"feedback store {where}: cannot open it: psycopg is not installed") from None
-    password = _credentials(url)[1] or ""
+    password = credentials(url)[1] or ""
     # psycopg may quote a piece of a password it could not parse: each piece of 3 characters or more is hidden
     pieces = [piece for piece in re.split(r"[@:/?#]", password) if len(piece) >= 3]
     options: dict[str, Any] = {"autocommit": True}  # transactions are begun explicitly
@@ -387,11 +398,3 @@ def _labels_json(labels: Sequence[str]) -> str:
     if isinstance(labels, str) or not all(isinstance(label, str) for label in labels):
         raise RejectedError(f"labels must be a list of strings, not {labels!r}")
     return json.dumps(list(labels))
-
-
-def _labels(value: Any) -> list[str]:
-    return list(json.loads(value) if isinstance(value, str) else value)
-
-
-def _from_db(value: Any) -> datetime:
-    return datetime.fromisoformat(value) if isinstance(value, str) else value.astimezone(UTC)

@@ -1,12 +1,14 @@
 """The feedback store's tables, one text for SQLite and PostgreSQL, and the columns later releases added
 (a store made by an earlier release gains them when it is opened); the cursor that runs that one text on
-either, and the lock a feedback writer holds on its ids."""
+either, the lock a feedback writer holds on its ids, the query a report reads, and how a row's values read."""
 
 from __future__ import annotations
 
+import json
 import logging
 import zlib
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 MAX_ID_LENGTH = 512
@@ -45,22 +47,29 @@ TYPES = {
                    "time": "TIMESTAMPTZ", "real": "DOUBLE PRECISION", "int": "BIGINT"},
 }
 # A feedback judges the answer its id had when it was given: production's last by time (judged_seq; an answer
-# written late, after an outage or a restart, keeps its time). A store made before the column has none in its
-# old rows, which judge their id's last production answer, as they did.
+# written late, after an outage or a restart, keeps its time) among those stamped no later than the feedback
+# (one stamped after it was given by a clock that then stepped back: it came before), else, where the clock
+# stepped back past them all, the last written. A store made before the column has none in its old rows, which
+# judge their id's last production answer, as they did. Rows: (id, labels, source, at, id, at, at).
 UPSERT_FEEDBACK = ("INSERT INTO feedback (id, labels, source, at, judged_seq) VALUES (?, ?, ?, ?, (SELECT seq "
-                    "FROM predictions WHERE id = ? AND role = 'production' ORDER BY at DESC, seq DESC LIMIT 1)) "
-                    "ON CONFLICT (id) DO UPDATE "
-                    "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
-                    "judged_seq = excluded.judged_seq")
+                   "FROM predictions WHERE id = ? AND role = 'production' ORDER BY CASE WHEN at <= ? THEN 0 ELSE 1 "
+                   "END, CASE WHEN at <= ? THEN at END DESC, seq DESC LIMIT 1)) ON CONFLICT (id) DO UPDATE "
+                   "SET labels = excluded.labels, source = excluded.source, at = excluded.at, "
+                   "judged_seq = excluded.judged_seq")
 # (id, request_id) of the answer each feedback judges: production's answer and the shadow's copy of it
 JUDGED = ("SELECT f.id AS id, COALESCE(p.request_id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
-           "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
-           "LEFT JOIN predictions p ON p.seq = f.judged_seq")
+          "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1)) AS request_id FROM feedback f "
+          "LEFT JOIN predictions p ON p.seq = f.judged_seq")
+# Retention keeps, of the answers older than it, only those a feedback judges (and the shadow's copies of them):
+# a client that reuses its ids would otherwise keep every answer of an id it once labelled, forever.
+FORGET = (f"DELETE FROM predictions WHERE at < ? AND NOT EXISTS (SELECT 1 FROM ({JUDGED}) j WHERE "
+          "j.id = predictions.id AND j.request_id = predictions.request_id)")
 # The same on a store made before judged_seq, opened by a role that may not add the column (a reader, or an
 # application role granted rows only, until the owner opens it once): every feedback judges its id's last
-# production answer, as it did then.
+# production answer, as it did then, and retention keeps every answer of an id that has feedback, as then.
 JUDGED_BEFORE_SEQ = ("SELECT f.id AS id, (SELECT q.request_id FROM predictions q WHERE q.id = f.id AND "
                      "q.role = 'production' ORDER BY q.at DESC, q.seq DESC LIMIT 1) AS request_id FROM feedback f")
+FORGET_BEFORE_SEQ = "DELETE FROM predictions WHERE at < ? AND id NOT IN (SELECT id FROM feedback)"
 UPSERT_FEEDBACK_BEFORE_SEQ = ("INSERT INTO feedback (id, labels, source, at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO "
                               "UPDATE SET labels = excluded.labels, source = excluded.source, at = excluded.at")
 _log = logging.getLogger(__name__)
@@ -68,15 +77,16 @@ _log = logging.getLogger(__name__)
 
 class Statements(NamedTuple):
     """The statements that read and write feedback on a store as its columns are: ``upsert`` takes (id, labels,
-    source, at, id) rows with ``judged_seq``, their first four without."""
+    source, at, id, at, at) rows with ``judged_seq``, their first four without; ``forget`` takes a time."""
 
     judged: str
     upsert: str
     judged_seq: bool
+    forget: str
 
 
-CURRENT = Statements(JUDGED, UPSERT_FEEDBACK, True)
-BEFORE_SEQ = Statements(JUDGED_BEFORE_SEQ, UPSERT_FEEDBACK_BEFORE_SEQ, False)
+CURRENT = Statements(JUDGED, UPSERT_FEEDBACK, True, FORGET)
+BEFORE_SEQ = Statements(JUDGED_BEFORE_SEQ, UPSERT_FEEDBACK_BEFORE_SEQ, False, FORGET_BEFORE_SEQ)
 
 
 class Cursor:
@@ -95,6 +105,19 @@ class Cursor:
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             self._cursor.executemany(sql.replace("?", "%s") if self._postgres else sql, rows)
+
+
+def joined_query(judged: str, where: str, latest: bool, labelled_only: bool) -> str:
+    """``FeedbackStore.joined``'s query: the predictions ``where`` selects, each with its feedback where it is
+    the answer that feedback judged (``judged``: a ``Statements.judged``); with ``latest``, one prediction per
+    id and role: the judged one, else the window's last."""
+    last = (" JOIN (SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY id, role ORDER BY judged DESC, "
+            "at DESC, seq DESC) AS r FROM v) x WHERE r = 1) l ON l.seq = v.seq") if latest else ""
+    return (f"WITH w AS (SELECT * FROM predictions{where}), j AS ({judged}), v AS (SELECT w.*, CASE WHEN j.id IS "
+            f"NULL THEN 0 ELSE 1 END AS judged FROM w LEFT JOIN j ON j.id = w.id AND j.request_id = w.request_id) "
+            f"SELECT v.id, v.request_id, v.model, v.role, v.labels, v.score, v.at, f.labels, f.source, f.at FROM "
+            f"v{last} {'JOIN' if labelled_only else 'LEFT JOIN'} feedback f ON f.id = v.id AND v.judged = 1 "
+            f"ORDER BY v.at, v.seq")
 
 
 def lock_feedback(cur: Any, dialect: str, ids: Iterable[str]) -> None:
@@ -166,3 +189,22 @@ def _columns(cur: Any, dialect: str) -> dict[str, set[str]]:
     for table, column in cur.fetchall():
         out.setdefault(table, set()).add(column)
     return out
+
+
+def credentials(url: str) -> tuple[str, str | None]:
+    """The user and password of a URL, split at its last "@" (urlsplit stops at the first "/", "?" or "#",
+    so a password holding one, not percent-encoded, was cut short there, and only its first characters
+    were then hidden, wherever they occurred in a message)."""
+    userinfo, at, _ = url.partition("://")[2].rpartition("@")
+    if not at or ":" not in userinfo:
+        return userinfo, None
+    user, _, password = userinfo.partition(":")
+    return user, password
+
+
+def labels_of(value: Any) -> list[str]:
+    return list(json.loads(value) if isinstance(value, str) else value)
+
+
+def from_db(value: Any) -> datetime:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value.astimezone(UTC)

@@ -101,9 +101,9 @@ def feedback_map(name: str, url: str | None, since: datetime | None,
                            f"pass --store URL or set {FEEDBACK_STORE_ENV}")
     if url is None and not path.exists():
         return {}
-    with open_store(url, path, existing=True) as store:
-        rows = store.joined(since=since, until=until, labelled_only=True)
-    return {(row.id, row.request_id): row.feedback for row in rows if row.feedback is not None}
+    with open_store(url, path, existing=True) as store:  # read as it streams: never every row at once
+        return {(row.id, row.request_id): row.feedback
+                for row in store.joined(since=since, until=until, labelled_only=True) if row.feedback is not None}
 
 
 def logged(

@@ -84,7 +84,7 @@ def test_joined_in_a_window(store: FeedbackStore) -> None:
     store.record_predictions("r2", MODEL, predictions("c"), at=T0 + 3 * hour)
     store.add_feedback([Feedback("a", ["pos"]), Feedback("c", ["neg"])], source="client")
 
-    window = store.joined(since=T0, until=T0 + 2 * hour)
+    window = list(store.joined(since=T0, until=T0 + 2 * hour))
     assert [(r.id, r.role, r.predicted, r.feedback) for r in window] == [
         ("b", "production", ["neg"], None),
         ("a", "production", ["pos"], ["pos"]),  # the latest answer for a reused id
@@ -178,6 +178,7 @@ def test_roles_that_may_not_alter_use_a_store_made_before_judged_answers_as_it_i
         assert store.add_feedback([Feedback("b", ["neg"]), Feedback("a", ["neg"])]) == 2
         assert [(r.id, r.request_id, r.feedback) for r in store.joined(labelled_only=True)] == [
             ("b", "r3", ["neg"]), ("a", "r2", ["neg"])]
+        assert store.forget_predictions(T0 + timedelta(days=1)) == 0  # as then: every answer of an id with feedback
     assert "may not add its column feedback.judged_seq" in caplog.text
     assert not judged_seq()
     with open_store(url, tmp_path / "unused.db") as store:  # the owner
@@ -389,7 +390,7 @@ def test_two_processes_write_at_once(url: str, tmp_path: Path) -> None:
         worker.join(180)
     assert [w.exitcode for w in workers] == [0, 0]
     with open_store(url, tmp_path / "unused.db") as store:
-        rows = store.joined()
+        rows = list(store.joined())
         assert len(rows) == 2 * batches * 4 + 1
         assert len(store.feedback_labels()) == 2 * batches + 1
         assert sum(r.feedback == ["neg"] for r in rows) == 2 * batches
@@ -406,7 +407,7 @@ def test_threads_share_a_store(store: FeedbackStore) -> None:
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert len(store.joined()) == 40
+    assert len(list(store.joined())) == 40
 
 
 def test_unopenable_stores_say_why_in_one_line(tmp_path: Path) -> None:
