@@ -41,7 +41,7 @@ from model_store.production import (
 )
 from monitoring.feedback_store import StoreError
 from registry.loop_commands import CommandError
-from registry.moves import Interrupted, move
+from registry.moves import Interrupted, move, wait_seconds
 
 WAIT_SECONDS = 60.0
 LoopErrors = (CommandError, StoreError)
@@ -69,12 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     _data_arguments(promote, required=False)
     promote.add_argument("--force", action="store_true",
                          help="promote without a comparison, or although it is worse beyond the noise")
-    promote.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
+    promote.add_argument("--wait", type=wait_seconds, default=WAIT_SECONDS, metavar="SECONDS",
                          help=f"how long to wait for the running services to follow (default {WAIT_SECONDS:g})")
 
     rollback = commands.add_parser("rollback", help="put the previous production version back")
     rollback.add_argument("name", help="the model name, e.g. han-imdb")
-    rollback.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS")
+    rollback.add_argument("--wait", type=wait_seconds, default=WAIT_SECONDS, metavar="SECONDS")
 
     status = commands.add_parser("status", help="the production version, its history and the services")
     status.add_argument("name")

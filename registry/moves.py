@@ -29,6 +29,22 @@ from model_store.production import (
 )
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MAX_WAIT_SECONDS = 86_400.0
+
+
+def wait_seconds(value: str) -> float:
+    """``--wait``: seconds to wait for the running services, 0 to a day (-1 once moved the pointer with no
+    wait at all, and said the services "did not follow within -1 s")."""
+    import argparse
+    import math
+
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_WAIT_SECONDS):
+        raise argparse.ArgumentTypeError(f"{value} must be 0 to {MAX_WAIT_SECONDS:.0f} seconds")
+    return seconds
 
 
 class Interrupted(BaseException):

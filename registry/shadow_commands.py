@@ -19,6 +19,7 @@ from model_store.production import live_replicas, split_tag
 from monitoring.report import Z95, wilson
 from monitoring.shadow import read_shadow, start_shadow, stop_shadow
 from registry.loop_commands import CommandError, feedback_map, logged, parse_time, store_url
+from registry.moves import wait_seconds
 
 WAIT_SECONDS = 60.0
 ALPHA = 0.05  # better or worse only below this p value (as training.compare)
@@ -29,7 +30,7 @@ def add_arguments(commands: Any) -> None:
     shadow.add_argument("tag", help="NAME:VERSION to shadow (with --stop: NAME)")
     shadow.add_argument("--fraction", type=float, default=0.1, help="the share of documents it sees (default 0.1)")
     shadow.add_argument("--stop", action="store_true", help="end the shadow of NAME")
-    shadow.add_argument("--wait", type=float, default=WAIT_SECONDS, metavar="SECONDS",
+    shadow.add_argument("--wait", type=wait_seconds, default=WAIT_SECONDS, metavar="SECONDS",
                         help=f"how long to wait for the running services to load it (default {WAIT_SECONDS:g})")
 
 

@@ -377,3 +377,15 @@ def test_a_name_is_registered_as_the_store_keeps_it(home: Path, tiny_model_dir: 
     with pytest.raises(ValueError, match="export.name 'han-loop:v9': a model's name, without a version"):
         model_store.register(saved, f"{NAME}:v9")
     assert model_store.production_version(NAME) == second
+
+
+@pytest.mark.parametrize("wait", ["-1", "nan", "abc", "1e9"])
+@pytest.mark.parametrize("command", [["promote", "han-x:v1"], ["rollback", "han-x"], ["shadow", "han-x:v1"]])
+def test_a_wait_that_is_no_span_of_seconds_is_refused_before_anything_moves(
+        command: list[str], wait: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--wait -1` once moved the pointer and said the services "did not follow within -1 s"."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, "--wait", wait])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and err[-1].startswith(f"han-model {command[0]}: error: argument --wait: ")
+    assert wait in err[-1] and "Traceback" not in "\n".join(err)
