@@ -122,15 +122,17 @@ def _model(ref: str | None) -> tuple[str, str, Any]:
 
     try:
         directory, saved = model_store.open_model(ref)
+        ref = ref or model_store.default_model_tag()
+        if Path(ref).is_dir():  # a model directory outside the store (BentoML would read it as a tag, lowercased)
+            return str(directory), str(ref), saved
+        try:
+            tag = model_store.resolve_tag(ref)
+        except model_store.ModelNotFoundError:
+            tag = str(ref)
     except model_store.ModelOpenError as e:
         raise LabelError(str(e)) from None
-    ref = ref or model_store.default_model_tag()
-    if Path(ref).is_dir():  # a model directory outside the store (BentoML would read it as a tag, lowercased)
-        return str(directory), str(ref), saved
-    try:
-        tag = model_store.resolve_tag(ref)
-    except model_store.ModelNotFoundError:
-        tag = str(ref)
+    except model_store.production.PromotionError as e:  # BENTOML_HOME a file, or a pointer that cannot be read
+        raise LabelError(f"{e} (check BENTOML_HOME)") from None
     return str(directory), tag, saved
 
 

@@ -326,7 +326,7 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
     if not scheme or (name == "sqlite" and text[len("sqlite://"):]):
         path = Path(text[len("sqlite://"):] if scheme else text).expanduser() if text else Path(default)
         if existing and not path.exists():
-            raise StoreError(f"feedback store {path}: no such file")
+            raise StoreError(f"feedback store {redact(str(path))}: no such file")
         return _sqlite(path, create=not existing)
     if name in ("postgresql", "postgres"):
         return _postgres(text, create=not existing)
@@ -337,8 +337,8 @@ def open_store(url: str | None, default: Path, existing: bool = False) -> Feedba
 def redact(url: str) -> str:
     """The URL without its password or query (which may hold one): fit for a log line or an error."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url  # a file's path: nothing to hide
+    if not sep:  # a file's path, or a URL missing a slash ("postgresql:/u:pw@host/db"): its password hidden
+        return re.sub(r"^((?:postgres(?:ql)?|sqlite):/?[^:/@]*:).*@", r"\1***@", url, flags=re.IGNORECASE)
     user, password = credentials(url)
     if password is not None:  # the host is after the last "@": a password may hold "@", "/" or "#" unencoded
         rest = f"{user}:***@{rest.rpartition('@')[2]}"
@@ -369,7 +369,7 @@ def _sqlite(path: Path, create: bool = True) -> FeedbackStore:
                     raise
                 time.sleep(0.02)
 
-    return FeedbackStore(connect, "sqlite", str(path), create=create)
+    return FeedbackStore(connect, "sqlite", redact(str(path)), create=create)
 
 
 def _postgres(url: str, create: bool) -> FeedbackStore:

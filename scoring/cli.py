@@ -338,8 +338,8 @@ def _resolve_model(ref: str | None) -> tuple[str, Any]:
 
     try:
         model_dir, saved = model_store.open_model(ref)
-    except model_store.ModelOpenError as e:
-        raise BatchError(str(e)) from None
+    except (model_store.ModelOpenError, model_store.production.PromotionError) as e:  # the latter: a bad BENTOML_HOME
+        raise BatchError(f"{e}{'' if isinstance(e, model_store.ModelOpenError) else ' (check BENTOML_HOME)'}") from None
     return str(model_dir), saved
 
 

@@ -63,6 +63,8 @@ def load_scoped_keys(settings: Settings) -> list[Key]:
     elif settings.keys:
         keys = [key.strip() for key in settings.keys.split(",") if key.strip()]
         where = KEYS_ENV
+        if not keys:  # set but blank between its commas: refused as an empty keys file is, never "no key check"
+            raise KeysError(f"{KEYS_ENV} holds no key (comma-separated keys; unset it to serve without keys)")
     else:
         return []
     out: list[Key] = []

@@ -12,6 +12,7 @@ Beyond loopback it needs API keys (service/auth.py) or ``--allow-anonymous``.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import socket
@@ -23,7 +24,14 @@ from pathlib import Path
 
 from han.environment import apply_defaults
 from model_store import DEFAULT_MODEL_TAG, ModelNotFoundError, default_model_tag, first_version, resolve_tag
-from model_store.production import MODEL_TAG_ENV, follows_pointer, production_tag, split_tag
+from model_store.production import (
+    MODEL_TAG_ENV,
+    PromotionError,
+    bentoml_home,
+    follows_pointer,
+    production_tag,
+    split_tag,
+)
 from model_store.upgrade import served_before
 from service.auth import KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
@@ -105,7 +113,8 @@ def train_default_model() -> None:
     script = Path(sys.executable).with_name("han-train")
     command = [str(script)] if script.is_file() else [shutil.which("han-train") or "han-train"]
     command += ["fit", "--config", QUICK_CONFIG]
-    print(f"No {DEFAULT_MODEL_TAG} model in the model store yet: training the quick IMDB model first.", flush=True)
+    print(f"No {DEFAULT_MODEL_TAG} model in the model store ({bentoml_home()}) yet: training the quick IMDB model "
+          "first.", flush=True)
     print(f"  $ {' '.join(command)}", flush=True)
     try:
         training = subprocess.Popen(command, cwd=REPO)
@@ -126,6 +135,21 @@ def train_default_model() -> None:
         sys.exit(f"training the default model failed (exit status {code})")
 
 
+def served_or_trained(tag: str) -> None:
+    """Exit with one line unless the store can serve ``tag``; on the first run (no han-imdb), train it first."""
+    if (why := missing_model(tag)) is not None:
+        name = split_tag(tag)[0]
+        first_run = (split_tag(tag)[1] in (None, "production", "latest") and first_version(name) is None
+                     and production_tag(name) is None)  # a pointer at a deleted version is no first run
+        if name != split_tag(DEFAULT_MODEL_TAG)[0] or not first_run:
+            sys.exit(f"error: {why}")
+        train_default_model()  # the store has no han-imdb at all: the first `make run`
+        if (why := missing_model(tag)) is not None:
+            sys.exit(f"error: training finished but {why}")
+    if follows_pointer(tag) and (note := served_before(split_tag(tag)[0])):  # a store an earlier release made
+        print(note, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
@@ -140,18 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     if port_taken(args.host, args.port):
         sys.exit(f"error: port {args.port} on {args.host} is in use (another server, or a `make run` still "
                  "running?): stop it or pass --port")
-    if (why := missing_model(tag)) is not None:
-        name = split_tag(tag)[0]
-        first_run = (split_tag(tag)[1] in (None, "production", "latest") and first_version(name) is None
-                     and production_tag(name) is None)  # a pointer at a deleted version is no first run
-        if name != split_tag(DEFAULT_MODEL_TAG)[0] or not first_run:
-            sys.exit(f"error: {why}")
-        train_default_model()  # the store has no han-imdb at all: the first `make run`
-        if (why := missing_model(tag)) is not None:
-            sys.exit(f"error: training finished but {why}")
-
-    if follows_pointer(tag) and (note := served_before(split_tag(tag)[0])):  # a store an earlier release made
-        print(note, flush=True)
+    if (home := os.environ.get("BENTOML_HOME")) and not Path(home).expanduser().exists():
+        # a mistyped store would read as an empty one, and the first fit would train into it for minutes
+        sys.exit(f"error: BENTOML_HOME={home}: no such folder; create it, or unset BENTOML_HOME to use the default "
+                 "store (~/bentoml)")
+    try:
+        served_or_trained(tag)
+    except PromotionError as e:  # BENTOML_HOME a file, or a production pointer that cannot be read
+        sys.exit(f"error: {e} (BENTOML_HOME={bentoml_home()})")
     host = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
     scheme = "https" if args.ssl_certfile else "http"
     url = f"{scheme}://{host}:{args.port}"

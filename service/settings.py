@@ -7,17 +7,23 @@ one line before any worker starts.
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 
-def whole_number(environ: Mapping[str, str], name: str, default: int, unit: str, takes: str, minimum: int = 0) -> int:
-    """``environ[name]`` as a whole number of ``unit`` (at least ``minimum``), else ``default``."""
+def whole_number(environ: Mapping[str, str], name: str, default: int, unit: str, takes: str, minimum: int = 0,
+                 maximum: int | None = None) -> int:
+    """``environ[name]`` as a whole number of ``unit`` (``minimum`` to ``maximum``), else ``default``."""
     value = environ.get(name, "").strip()
     if not value:
         return default
     if not (value.isascii() and value.isdigit()) or int(value) < minimum:
-        raise ValueError(f"{name} must be a whole number of {unit} ({takes}), not {value!r}")
+        raise ValueError(f"{name} must be a whole number of {unit} ({takes}), not {value[:40]!r}")
+    if maximum is not None and int(value) > maximum:
+        raise ValueError(f"{name} must be at most {maximum} {unit}, not {value[:40]!r}")
     return int(value)
 
 
@@ -30,6 +36,40 @@ GRADIENT_IDLE_ENV = "HAN_GRADIENT_HELPER_IDLE_S"
 
 
 MAX_RETENTION_DAYS = 36_500
+# Each worker loads its own model: far past the cores, more only costs memory (a typo could ask for billions).
+MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))
+# "postgresql:/u:pw@host/db" (a slash missing) would otherwise be a SQLite file named after the URL, password and all.
+_MISTYPED_URL = re.compile(r"^(postgresql|postgres|sqlite):(?!//)", re.IGNORECASE)
+
+
+def hide_password(value: str) -> str:
+    """``value`` with the password of a mistyped URL (``scheme:/user:password@host``) hidden."""
+    if not _MISTYPED_URL.match(value) or "@" not in value:
+        return value
+    scheme, _, rest = value.partition(":")
+    userinfo, _, host = rest.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}:{user}{':***' if colon else ''}@{host}"
+
+
+def sqlite_problem(path: Path) -> str | None:
+    """Why the SQLite file at ``path`` cannot be opened or created (None: it can), checked at start: the store
+    would otherwise answer every /feedback with 503 behind a server that says it is ready."""
+    if path.is_dir():
+        return "it is a folder, not a file"
+    if path.exists():
+        return None if os.access(path, os.R_OK | os.W_OK) else "the file cannot be written"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the store creates the missing folders
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:  # a real file, as the store will make one: os.access says yes to root in /proc or on a read-only disk
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".han-store-check-"):
+            pass
+    except OSError as e:
+        return f"cannot create a file in {folder} ({e.strerror or e.__class__.__name__})"
+    return None
 
 
 def store_setting(environ: Mapping[str, str]) -> str | None:
@@ -37,12 +77,17 @@ def store_setting(environ: Mapping[str, str]) -> str | None:
     here, at start, rather than answering 503 for good."""
     value = environ.get(FEEDBACK_STORE_ENV, "").strip() or None
     scheme, marker, rest = (value or "").partition("://")
-    if marker and (scheme.lower() not in ("sqlite", "postgresql", "postgres") or (scheme.lower() == "sqlite"
-                                                                                  and not rest)):
+    known = scheme.lower() in ("postgresql", "postgres") or (scheme.lower() == "sqlite" and rest)
+    if (marker and not known) or _MISTYPED_URL.match(value or ""):
         from monitoring.feedback_store import redact
 
         raise ValueError(f"{FEEDBACK_STORE_ENV} must be a file path, sqlite:///path or "
-                         f"postgresql://user:password@host:port/db, not {redact(value or '')!r}")
+                         f"postgresql://user:password@host:port/db, not {hide_password(redact(value or ''))!r}")
+    path = rest if marker else value  # a SQLite file, checked now; a PostgreSQL server may come up after the service
+    problem = path and (not marker or scheme.lower() == "sqlite") and path != ":memory:" and sqlite_problem(
+        Path(path).expanduser())
+    if problem:
+        raise ValueError(f"{FEEDBACK_STORE_ENV}={value}: the feedback store cannot be opened there: {problem}")
     return value
 
 
@@ -81,7 +126,8 @@ class Settings:
     def read(cls, environ: Mapping[str, str] = os.environ) -> Settings:
         """The settings in ``environ``; ValueError (naming the variable) on a bad value."""
         return cls(
-            workers=whole_number(environ, WORKERS_ENV, cls.workers, "processes", "at least 1", minimum=1),
+            workers=whole_number(environ, WORKERS_ENV, cls.workers, "processes", "at least 1", minimum=1,
+                                 maximum=MAX_WORKERS),
             batch_wait=whole_number(environ, BATCH_WAIT_ENV, round(cls.batch_wait * 1000), "milliseconds",
                                     "0: never wait") / 1000,
             requests_per_connection=whole_number(environ, REQUESTS_PER_CONNECTION_ENV, cls.requests_per_connection,

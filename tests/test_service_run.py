@@ -69,6 +69,7 @@ def port_answers(port: int) -> bool:
 
 
 def test_run_refuses_a_missing_model_it_cannot_train(tmp_path):
+    (tmp_path / "empty-store").mkdir()
     env = base_env(tmp_path / "empty-store")
     env["HAN_MODEL_TAG"] = "no-such-model:latest"
     done = subprocess.run(
@@ -123,6 +124,7 @@ def test_run_trains_only_a_store_without_the_default_model_and_names_what_is_mis
 def test_ctrl_c_while_the_first_run_trains_is_one_line(tmp_path):
     """The first `make run` on an empty store starts training; Ctrl+C there (SIGINT to the terminal's
     process group) ends it with han-train's one line and status 130, no traceback from service.run."""
+    (tmp_path / "empty-store").mkdir()
     env = base_env(tmp_path / "empty-store")
     env.pop("HAN_MODEL_TAG", None)
     process = subprocess.Popen([sys.executable, "-m", "service.run", "--port", str(free_port())], cwd=REPO, env=env,
@@ -138,3 +140,16 @@ def test_ctrl_c_while_the_first_run_trains_is_one_line(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1:] == ["han-train: interrupted"], (out[-2000:], err[-3000:])
+
+
+def test_a_bentoml_home_that_does_not_exist_is_refused_before_any_training(tmp_path):
+    """A mistyped BENTOML_HOME read as an empty store: `make run` started a minutes-long first fit into it."""
+    env = base_env(tmp_path / "no-such-store")
+    env.pop("HAN_MODEL_TAG", None)
+    done = subprocess.run([sys.executable, "-m", "service.run", "--port", str(free_port())], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: BENTOML_HOME={tmp_path / 'no-such-store'}: no such folder; create it, or unset BENTOML_HOME to use "
+        "the default store (~/bentoml)"), done.stderr
+    assert not (tmp_path / "no-such-store").exists()
