@@ -52,8 +52,20 @@ def usable_cores() -> int:
 
 
 def pinned_threads() -> int | None:
-    """The threads the user pinned a process to with ``OMP_NUM_THREADS``, if any."""
-    return int(os.environ.get("OMP_NUM_THREADS") or 0) or None
+    """The threads the user pinned a process to with ``OMP_NUM_THREADS``, if any: None where it is no count
+    of threads (``abc``, ``1.5``, ``-2``), which OpenMP ignores as well (``ignored_threads``). Of a list
+    (``4,2``, threads per nesting level) the first."""
+    value = (os.environ.get("OMP_NUM_THREADS") or "").split(",")[0].strip()
+    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+
+
+def ignored_threads() -> str | None:
+    """A warning for an ``OMP_NUM_THREADS`` that is set but no count of threads; None where it is fine. Every
+    command carries on as if unset, as torch's OpenMP does (with a warning naming no value)."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None or not value.strip() or pinned_threads() is not None:
+        return None
+    return f"OMP_NUM_THREADS={value!r} is not a number of threads (a whole number above 0): ignored"
 
 
 def requested_threads() -> int:

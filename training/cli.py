@@ -18,20 +18,21 @@ import time
 import zipfile
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar, NoReturn
 
 import torch
+import yaml
 from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from han.environment import apply_defaults, requested_threads
+from han.environment import apply_defaults, ignored_threads, requested_threads
 from han.saved_model import ModelDirectoryError
 from training import recipe
 from training.checkpoint_io import SameFolderCheckpointIO
 from training.data import HANDataModule
 from training.export import CheckpointError, ExportModel
-from training.module import HANModule
+from training.module import HANModule, check_settings
 from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teaching
 from training.sources import DataError
 from training.warm_start import data_language
@@ -41,6 +42,25 @@ _HELD: list[IO[str]] = []  # the run folder's lock file while a fit runs
 # --print_config's flags, as jsonargparse reads them (skip_null is its old name for skip_unset).
 PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
                "comments": "with_comments"}
+
+
+class HANParser(LightningArgumentParser):
+    """A parse error in one line and a hint, not under jsonargparse's 120 lines of usage; an unknown key
+    named with the config file that holds it."""
+
+    configs: ClassVar[dict[Path, Any]] = {}  # the run's config files, read (HANCLI.parse_arguments)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse trying one reading of a value catches the ArgumentError
+            super().error(message, ex)
+        unknown = re.match(r"Subcommand '(\w+)' does not accept option '([\w.]+)'", message)
+        files = [str(path) for path, data in self.configs.items() if unknown and (
+            _holds(data, unknown[2]) or _holds(data, f"{unknown[1]}.{unknown[2]}"))]
+        subcommand = self.prog.replace(" [options]", "").split()[1:] or ([unknown[1]] if unknown else [])
+        prog = " ".join(["han-train", *subcommand])  # not the prog's python -m training.cli or __main__.py
+        print(f"han-train: error: {''.join(f'{f}: ' for f in files)}{' '.join(message.split())}\n"
+              f"  ({prog} --help lists the options)", file=sys.stderr)
+        sys.exit(2)
 
 
 class HANCLI(LightningCLI):
@@ -83,6 +103,7 @@ class HANCLI(LightningCLI):
     def parse_arguments(self, parser, args: list[str] | None) -> None:  # type: ignore[no-untyped-def,override]
         # --print_config[=flags] is held back until the recipe has filled the config (before_instantiate_classes).
         args = sys.argv[1:] if args is None else list(args)
+        HANParser.configs = _read_configs(args)
         printing = [a.partition("=")[2] for a in args if a.partition("=")[0] == "--print_config"]
         self.print_flags: dict[str, bool] | None = None
         if printing:
@@ -120,6 +141,7 @@ class HANCLI(LightningCLI):
             # Lightning would run the freshly initialised network and write its guesses over a run's reports
             raise DataError(f"han-train {self.subcommand} needs the model to {self.subcommand}: --ckpt_path "
                             "(runs/NAME/checkpoints/last.ckpt, or a model's checkpoint) or --model.init_from")
+        _check_before_data(config)
         config.data.language, taken = data_language(config.data.language, config.model.get("init_from"))
         before = dict(config.clone().items()) if self.print_flags is not None else {}  # to mark what it fills
         lines = [*([taken] if taken else []), *recipe.apply(config, self.subcommand)]
@@ -143,6 +165,8 @@ class HANCLI(LightningCLI):
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``han-train``; user errors print one line and exit with status 2."""
     apply_defaults()
+    if warning := ignored_threads():  # as every command ignores it (OpenMP's own warning names no value)
+        print(f"han-train: warning: {warning}", file=sys.stderr)
     # Every usable core unless OMP_NUM_THREADS says otherwise; a fit then follows the free ones (training.threads).
     torch.set_num_threads(requested_threads())
     started = time.monotonic()
@@ -170,7 +194,7 @@ def _run(args: list[str] | None) -> HANCLI:
     started = time.time()
     try:
         cli = HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
-                     auto_configure_optimizers=False)
+                     auto_configure_optimizers=False, parser_class=HANParser)
     finally:  # the run folder's lock (HANCLI.before_fit) ends with the run, also in a process that fits again
         while _HELD:
             _HELD.pop().close()
@@ -179,6 +203,72 @@ def _run(args: list[str] | None) -> HANCLI:
             not cli.trainer.interrupted and config.checkpoint.dirpath:
         _drop_earlier_checkpoints(Path(config.checkpoint.dirpath), started)
     return cli
+
+
+def _read_configs(args: list[str]) -> dict[Path, Any]:
+    """The config files ``args`` name (``--config``/``-c`` FILE, ``--config=FILE``), read; a DataError
+    naming the file for one that is no YAML (jsonargparse's says ``"<unicode string>"``)."""
+    configs = {}
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else \
+            arg.partition("=")[2] if arg.startswith(("--config=", "-c=")) else ""
+        path = Path(value)
+        if not value or not path.is_file():
+            continue  # inline YAML, or no such file: jsonargparse says so
+        try:
+            configs[path] = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue  # jsonargparse names it
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise DataError(f"{path}{where}: not valid YAML: {e.problem}"
+                            f"{f' ({e.context})' if e.context else ''}") from None
+        except yaml.YAMLError as e:
+            raise DataError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    return configs
+
+
+def _holds(data: Any, key: str) -> bool:
+    """Whether a config read from YAML sets the dotted ``key`` (``model.lr``)."""
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _check_before_data(config: Any) -> None:
+    """The model's settings and the run's folders, checked before the recipe reads the data (minutes on a
+    large corpus, where torch's own errors named no option, and a size of 0 trained a model that explains
+    nothing)."""
+    try:
+        check_settings(**dict(config.model.items()))
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    for option, folder in (("--trainer.default_root_dir", config.trainer.default_root_dir),
+                           ("--data.cache_dir", config.data.cache_dir)):
+        if folder is not None:
+            _check_folder(option, Path(str(folder)))
+
+
+def _check_folder(option: str, folder: Path) -> None:
+    """A DataError naming ``option`` unless ``folder`` is a folder that can be written or made. Made here to
+    know (no permission bit tells that of /proc/x), then removed: a run stopped later leaves nothing."""
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"{option} {folder}: a file, not a folder")
+    missing = [path for path in [folder, *folder.parents] if not path.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"{option} {folder}: cannot be made ({e.strerror or e})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DataError(f"{option} {folder}: cannot be written (no permission)")
+    for path in missing:  # deepest first
+        try:
+            path.rmdir()
+        except OSError:
+            break  # another process is writing in it
 
 
 def _hold_run_folder(folder: Path) -> IO[str]:

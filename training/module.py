@@ -39,6 +39,21 @@ LR_HALVINGS = 4  # the plateau schedule stops at 1/16 of the peak rate
 RELATIVE_GAIN = 0.005
 
 
+def check_settings(**settings: Any) -> None:
+    """A ValueError naming the first ``model.*`` setting out of range, for HANModule and for han-train before
+    it reads data. A size of 0 builds a network that runs: 0 attention dimensions weigh all words alike."""
+    least = {"embed_dim": 1, "word_hidden": 1, "sentence_hidden": 1, "attention_dim": 1, "word2vec_epochs": 1,
+             "patience": 1, "freeze_embeddings": 0, "warmup_steps": 0, "sentence_focus": 0, "adversarial": 0,
+             "sentence_evidence": 0}
+    for name, value in ((name, value) for name, value in settings.items() if value is not None):
+        if name == "lr" and value <= 0:
+            raise ValueError(f"model.lr must be positive, not {value}")
+        if name in least and value < least[name]:
+            raise ValueError(f"model.{name} must be at least {least[name]}, not {value}")
+        if name in ("dropout", "word_dropout", "ema", "label_smoothing") and not 0 <= value < 1:
+            raise ValueError(f"model.{name} must be in [0, 1), not {value}")
+
+
 class ReleasedEarlyStopping(EarlyStopping):
     """Early stopping that counts validations from the epoch the word vectors are released: a stall
     before it is the encoders' limit with fixed vectors, not the end of learning."""
@@ -163,20 +178,7 @@ class HANModule(pl.LightningModule):
             stored_sizes = {name: getattr(self._stored.config, name) for name in ARCHITECTURE}
             embed_dim, word_hidden, sentence_hidden, attention_dim = stored_sizes.values()
             sentence_values = self._stored.config.sentence_values
-        if lr <= 0:
-            raise ValueError(f"model.lr must be positive, not {lr}")
-        for name, value, least in (("word2vec_epochs", word2vec_epochs, 1), ("freeze_embeddings", freeze_embeddings, 0),
-                                   ("patience", patience, 1), ("warmup_steps", warmup_steps, 0)):
-            if value is not None and value < least:
-                raise ValueError(f"model.{name} must be at least {least}, not {value}")
-        for name, value in (("sentence_focus", sentence_focus), ("adversarial", adversarial),
-                            ("sentence_evidence", sentence_evidence)):
-            if value is not None and value < 0:
-                raise ValueError(f"model.{name} must be at least 0, not {value}")
-        for name, value in (("dropout", dropout), ("word_dropout", word_dropout), ("ema", ema),
-                            ("label_smoothing", label_smoothing)):
-            if value is not None and not 0 <= value < 1:
-                raise ValueError(f"model.{name} must be in [0, 1), not {value}")
+        check_settings(**locals())  # every argument as given, a stored model's sizes with init_from
         self.save_hyperparameters()
         if init_from:  # what the network is, as a checkpoint's hyperparameters say it: the stored model's sizes
             self.hparams.update(stored_sizes, sentence_values=sentence_values)
