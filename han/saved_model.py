@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import socket
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,9 @@ class SavedModel:
             raise ModelDirectoryError(f"{directory}: {e}") from None
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
             raise ModelDirectoryError(f"{directory / LABELS_FILE}: expected a non-empty JSON list of label names")
+        # in Unicode's composed form, as fits read them since 2026-11-29: a model saved before with "é" as "e" and
+        # an accent answers, compares and warm-starts with the labels a retrain on the same file reads
+        labels = [unicodedata.normalize("NFC", x) for x in labels]
         if len(set(labels)) != len(labels):  # scores are a dict by label: a repeated one would hide another
             raise ModelDirectoryError(f"{directory / LABELS_FILE}: a label is named twice")
         if len(labels) != model_config.num_labels:

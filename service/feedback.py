@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -41,7 +42,7 @@ def model_labels(directory: Path) -> tuple[list[str], bool] | None:
     try:
         labels = json.loads((directory / "labels.json").read_text(encoding="utf-8"))
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        return [str(x) for x in labels], bool(config["model"].get("multi_label"))
+        return [unicodedata.normalize("NFC", str(x)) for x in labels], bool(config["model"].get("multi_label"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

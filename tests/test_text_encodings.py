@@ -178,3 +178,18 @@ def test_import_reads_labels_in_the_composed_form_and_says_so(tmp_path: Path, ti
         [negative, "positif"]
     err = capsys.readouterr().err
     assert "1 annotations' labels are written in another Unicode form" in err and "composed form (NFC)" in err
+
+
+def test_a_model_saved_with_decomposed_labels_reads_them_composed(tmp_path: Path) -> None:
+    """A model registered before fits read labels composed: a retrain on the same file (composed now) must
+    warm-start its head, compare and promote against it, which matched labels byte for byte."""
+    from han import SavedModel
+    from tests.tiny_model import train_tiny_model
+    from training.compare import check_labels
+
+    saved = train_tiny_model(seed=0)[0]
+    composed = [unicodedata.normalize("NFC", f"négatif {k}") for k in range(len(saved.labels))]
+    saved.labels = [unicodedata.normalize("NFD", label) for label in composed]
+    loaded = SavedModel.load(saved.save(tmp_path / "old"))
+    assert loaded.labels == composed
+    check_labels(composed, False, loaded.labels, False, "new", "old")  # no CompareError
