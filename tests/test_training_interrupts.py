@@ -89,3 +89,39 @@ def test_a_second_fit_into_a_folder_a_running_fit_writes_is_refused(tmp_path: Pa
             first.send_signal(signal.SIGTERM)
             first.wait(timeout=120)
     assert first.returncode == 143 and (root / ".fit.lock").read_text().startswith("pid ")  # it held the lock
+
+
+def test_a_fit_into_the_folder_of_a_self_training_run_is_refused_while_its_teacher_trains(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The teacher trains in RUN/teacher and the second fit in RUN: a plain fit into RUN meanwhile was let in,
+    and the self-training run was refused only after its whole teacher."""
+    import json
+
+    root, log = tmp_path / "run", tmp_path / "first.txt"
+    unlabelled = tmp_path / "unlabelled.jsonl"
+    unlabelled.write_text("".join(json.dumps({"text": json.loads(line)["text"]}) + "\n" for line in
+                                  (REPO / "data" / "fixtures" / "reviews.jsonl").read_text().splitlines() if line))
+    with log.open("w") as stderr:
+        first = subprocess.Popen([sys.executable, "-m", "training.launch", "fit", "--config", SMOKE,
+                                  "--trainer.max_epochs", "100000", "--trainer.default_root_dir", str(root),
+                                  "--data.unlabeled", str(unlabelled), "--self_training.fraction", "0.5",
+                                  "--data.cache_dir", str(tmp_path / "cache"), "--export.register", "false"],
+                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            deadline = time.monotonic() + 120
+            while not (root / "teacher" / "checkpoints" / "last.ckpt").exists() and first.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert first.poll() is None, log.read_text()[-1000:]
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                main(["fit", "--config", SMOKE, "--trainer.default_root_dir", str(root),
+                      "--data.cache_dir", str(tmp_path / "cache2"), *QUICK])
+            err = capsys.readouterr().err
+            assert stopped.value.code == 2, err[-1000:]
+            assert err.strip().splitlines()[-1].startswith(f"han-train: error: {root}: another han-train fit (pid "
+                                                           f"{first.pid} on "), err[-1000:]
+        finally:
+            first.send_signal(signal.SIGTERM)
+            first.wait(timeout=120)

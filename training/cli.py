@@ -37,7 +37,7 @@ from training.self_training import PSEUDO_FILE, SelfTraining, pseudo_label, teac
 from training.sources import DataError
 from training.warm_start import data_language
 
-_HELD: list[IO[str]] = []  # the run folder's lock file while a fit runs
+_HELD: dict[Path, IO[str]] = {}  # the run folders' lock files while a fit (with self-training: both) runs
 
 # --print_config's flags, as jsonargparse reads them (skip_null is its old name for skip_unset).
 PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
@@ -132,8 +132,13 @@ class HANCLI(LightningCLI):
 
     def before_fit(self) -> None:
         # Held until the process ends: a second fit into this folder would delete this one's checkpoints.
+        # A self-training teacher (RUN/teacher) holds RUN too, until the second fit there has ended (main).
         if self.trainer.is_global_zero:
-            _HELD.append(_hold_run_folder(Path(self.trainer.default_root_dir)))
+            root = Path(self.trainer.default_root_dir)
+            teacher = root.name == "teacher" and teaching(self.config.fit)
+            for folder in (root, root.parent) if teacher else (root,):
+                if folder.resolve() not in _HELD:
+                    _HELD[folder.resolve()] = _hold_run_folder(folder)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -188,6 +193,8 @@ def main(args: list[str] | None = None) -> None:
             MisconfigurationException) as e:  # OSError: a run or cache folder that cannot be made or written
         print(f"han-train: error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        _release_run_folders()
 
 
 def _run(args: list[str] | None) -> HANCLI:
@@ -195,9 +202,11 @@ def _run(args: list[str] | None) -> HANCLI:
     try:
         cli = HANCLI(HANModule, HANDataModule, args=args, save_config_kwargs={"overwrite": True},
                      auto_configure_optimizers=False, parser_class=HANParser)
-    finally:  # the run folder's lock (HANCLI.before_fit) ends with the run, also in a process that fits again
-        while _HELD:
-            _HELD.pop().close()
+    except BaseException:
+        _release_run_folders()
+        raise
+    if not (cli.subcommand == "fit" and teaching(cli.config.fit) and not cli.trainer.interrupted):
+        _release_run_folders()  # else held through the second fit (main): RUN is the teacher's run's too
     config = cli.config.get(cli.subcommand) if cli.subcommand else None
     if cli.subcommand == "fit" and not config.get("ckpt_path") and cli.trainer.is_global_zero and \
             not cli.trainer.interrupted and config.checkpoint.dirpath:
@@ -269,6 +278,12 @@ def _check_folder(option: str, folder: Path) -> None:
             path.rmdir()
         except OSError:
             break  # another process is writing in it
+
+
+def _release_run_folders() -> None:
+    """The run folders' locks end with the run, also in a process that fits again (tests, self-training)."""
+    while _HELD:
+        _HELD.popitem()[1].close()
 
 
 def _hold_run_folder(folder: Path) -> IO[str]:
