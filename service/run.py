@@ -35,7 +35,7 @@ from model_store.production import (
 from model_store.upgrade import served_before
 from service.auth import KeysError, startup_keys
 from service.process import REPO, start_server, wait_ready
-from service.settings import ANONYMOUS_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings
+from service.settings import ANONYMOUS_ENV, FEEDBACK_STORE_ENV, KEYS_ENV, KEYS_FILE_ENV, Settings, absolute_store
 
 QUICK_CONFIG = "data/configs/imdb_quick.yaml"
 
@@ -153,6 +153,8 @@ def served_or_trained(tag: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     apply_defaults()
+    if store := absolute_store(os.environ.get(FEEDBACK_STORE_ENV, "")):
+        os.environ[FEEDBACK_STORE_ENV] = store  # the server runs from the checkout, the user from elsewhere
     try:  # before any training: a server that would refuse to start says so now
         startup_keys(args.host, replace(Settings.read(), allow_anonymous=args.allow_anonymous))
     except (KeysError, ValueError) as e:

@@ -159,3 +159,13 @@ class Settings:
             raise ValueError(f"{LOG_FILE_ENV}={self.log_file_mb} must be at most a quarter of {LOG_CAP_ENV}="
                              f"{self.log_max_mb} (the megabytes of one log file, against the whole log's cap)")
         return self
+
+
+def absolute_store(value: str) -> str | None:
+    """A ``HAN_FEEDBACK_STORE`` file path named relative to the current folder, made absolute (None: nothing
+    to change): ``service.run`` starts the server in the checkout, which read it relative to there while the
+    start-up check and ``han-model`` read it relative to the user's folder."""
+    value = value.strip()
+    if not value or "://" in value or Path(value).expanduser().is_absolute():
+        return None
+    return str(Path(value).expanduser().resolve())

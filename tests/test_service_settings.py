@@ -113,3 +113,15 @@ def test_the_first_run_names_the_store_it_trains_into(tmp_path):
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
     assert line.startswith(f"No han-imdb:production model in the model store ({home}) yet: training"), line
+
+
+def test_a_relative_store_path_is_the_users_folder_not_the_checkouts(tmp_path, monkeypatch):
+    """`python -m service.run` starts the server in the checkout: `HAN_FEEDBACK_STORE=fb/feedback.db` was
+    checked in the user's folder and then opened in the checkout (feedback written inside the repository)."""
+    from service.settings import absolute_store
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_store("fb/feedback.db") == str(tmp_path / "fb" / "feedback.db")
+    assert absolute_store(" ../x.db ") == str(tmp_path.parent / "x.db")
+    for unchanged in ("", "/srv/fb.db", "sqlite:////srv/fb.db", "postgresql://u@h/db"):
+        assert absolute_store(unchanged) is None
